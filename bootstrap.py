@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""Set up everything and start the course, or set up everything and run the tests.
+
+    python3 bootstrap.py course     # JupyterLab on the course (extra args go to jupyter lab)
+    python3 bootstrap.py test       # ruff, then the whole pytest suite (extra args go to pytest)
+
+Both create .venv/ beside this file on first use and install the project into it; later runs
+reuse it and reinstall only when pyproject.toml or constraints.txt changed.
+
+torch: a torch already in .venv is kept. Otherwise the tests, and the course on a machine
+without an NVIDIA GPU, get the CPU build pinned in constraints.txt; the course on a machine
+with an NVIDIA GPU gets PyPI's default (CUDA) build. Only the Python standard library is used
+here, so this runs on a fresh machine with nothing but python3.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+CONSTRAINTS = ROOT / "constraints.txt"
+STAMP = VENV / ".dpmp_lab-installed"
+CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
+def say(text: str) -> None:
+    print(f"[bootstrap] {text}", flush=True)
+
+
+def venv_python() -> Path:
+    return VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+
+
+def ensure_venv() -> Path:
+    python = venv_python()
+    if not python.exists():
+        if sys.version_info < (3, 10):  # noqa: UP036 - any python3 may run this file
+            sys.exit(f"[bootstrap] Python >= 3.10 is needed, this is {sys.version.split()[0]}")
+        say(f"creating {VENV.relative_to(ROOT)} with {sys.executable}")
+        try:
+            venv.EnvBuilder(with_pip=True).create(VENV)
+        except Exception as exc:  # Debian's python3 without python3-venv lands here
+            shutil.rmtree(VENV, ignore_errors=True)
+            sys.exit(f"[bootstrap] could not create a virtual environment ({exc}). On Debian or "
+                     "Ubuntu install it first: apt-get install python3-venv")
+    return python
+
+
+def installed_torch(python: Path) -> str | None:
+    out = subprocess.run(
+        [str(python), "-c", "import importlib.metadata as m; print(m.version('torch'))"],
+        capture_output=True, text=True,
+    )
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def has_nvidia_gpu() -> bool:
+    if not shutil.which("nvidia-smi"):
+        return False
+    return subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0
+
+
+def constraints_for(purpose: str, python: Path) -> tuple[str, str]:
+    """The constraints to install with, and a word on which torch that means."""
+    others = [line for line in CONSTRAINTS.read_text().splitlines()
+              if not line.strip().startswith("torch")]
+    have = installed_torch(python)
+    if have:
+        return "\n".join(others + [f"torch=={have}"]), f"keeping torch {have}"
+    if purpose == "course" and has_nvidia_gpu():
+        return "\n".join(others), "NVIDIA GPU found: torch from PyPI (CUDA build)"
+    return CONSTRAINTS.read_text(), "torch: the CPU build from constraints.txt"
+
+
+def pip_install(python: Path, constraints: str, extra: list[str]) -> bool:
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+        f.write(constraints + "\n")
+    try:
+        cmd = [str(python), "-m", "pip", "install", "--disable-pip-version-check",
+               "-c", f.name, "-e", f"{ROOT}[dev]", *extra]
+        return subprocess.run(cmd, cwd=ROOT).returncode == 0
+    finally:
+        os.unlink(f.name)
+
+
+def ensure_installed(purpose: str) -> Path:
+    python = ensure_venv()
+    constraints, which_torch = constraints_for(purpose, python)
+    digest = hashlib.sha256(
+        (ROOT / "pyproject.toml").read_bytes() + constraints.encode()
+    ).hexdigest()
+    if STAMP.exists() and STAMP.read_text() == digest:
+        return python
+    say(f"installing dpmp_lab and its tools into .venv ({which_torch})")
+    ok = pip_install(python, constraints, [])
+    if not ok and "+cpu" in constraints and sys.platform.startswith("linux"):
+        say(f"the CPU build of torch is not on this machine's indexes: trying {CPU_INDEX}")
+        ok = pip_install(python, constraints, ["--extra-index-url", CPU_INDEX])
+    if not ok:
+        sys.exit("[bootstrap] installation failed (see pip's message above)")
+    STAMP.write_text(digest)
+    return python
+
+
+def run(cmd: list[str]) -> int:
+    return subprocess.run(cmd, cwd=ROOT).returncode
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in ("course", "test"):
+        print(__doc__)
+        return 2
+    purpose, rest = argv[0], argv[1:]
+    python = ensure_installed(purpose)
+    if purpose == "course":
+        say("starting JupyterLab on the course (Ctrl-C to stop)")
+        cmd = [str(python), "-m", "dpmp_lab.cli", "lab", *rest]
+        if os.name == "posix":  # become JupyterLab, so Ctrl-C reaches it alone
+            os.chdir(ROOT)
+            os.execv(cmd[0], cmd)
+        return run(cmd)
+    say("ruff")
+    code = run([str(python), "-m", "ruff", "check", "dpmp_lab", "tests", "benchmarks",
+                "bootstrap.py"])
+    if code:
+        return code
+    say("pytest")
+    return run([str(python), "-m", "pytest", *rest])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

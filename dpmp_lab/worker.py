@@ -1,0 +1,314 @@
+"""What runs inside one rank: set the process up, run the learner's function, report back.
+
+The launcher (launch.py) starts one process per rank with `rank_main` as its target. A rank
+talks to the launcher through plain pipes:
+
+    out, err   the rank's file descriptors 1 and 2, so native messages (gloo, NCCL) are kept
+    msg        framed messages to the launcher: started, returned, raised
+    dump       where faulthandler writes every thread's stack when the launcher asks (SIGUSR1)
+    release    the launcher says "everyone has returned": only then is the group torn down
+
+The last one matters: a rank that returns early must not destroy its process group while a
+peer still waits in a collective, or the peer sees "connection closed" instead of the real
+problem (a collective that only some ranks called).
+
+Inside a rank, `rank()`, `world_size()` and `device()` tell the function where it runs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import datetime
+import faulthandler
+import linecache
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from dpmp_lab import serialize
+
+
+@dataclass
+class RankSpec:
+    """Everything the launcher hands one rank (plain data: it crosses the process boundary)."""
+
+    rank: int
+    world_size: int
+    backend: str
+    store_path: str  # a FileStore in a directory of this launch's own
+    pg_timeout: float
+    threads: int
+    payload: bytes  # cloudpickle of (fn, args, kwargs)
+    environ: dict[str, str]  # the caller's os.environ, plus the launch's own variables
+    sys_path: list[str]
+    cwd: str
+    source_lines: dict[str, tuple] = field(default_factory=dict)  # notebook cells, for tracebacks
+    trace: bool = False
+
+
+@dataclass
+class RankContext:
+    rank: int
+    world_size: int
+    local_rank: int
+    backend: str
+    device: torch.device
+
+
+_context: RankContext | None = None
+
+
+def rank() -> int:
+    """This process's rank in the default process group."""
+    if _context is not None:
+        return _context.rank
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    raise RuntimeError(
+        "dl.rank() only has a meaning inside a rank: call it from a function started by "
+        "dl.launch(...) or a %%distributed cell (or after init_process_group under torchrun)."
+    )
+
+
+def world_size() -> int:
+    """How many ranks the default process group has."""
+    if _context is not None:
+        return _context.world_size
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    raise RuntimeError(
+        "dl.world_size() only has a meaning inside a rank: call it from a function started by "
+        "dl.launch(...) or a %%distributed cell (or after init_process_group under torchrun)."
+    )
+
+
+def device() -> torch.device:
+    """The device this rank computes on: cuda:<local rank> under nccl, else cpu."""
+    if _context is not None:
+        return _context.device
+    if dist.is_available() and dist.is_initialized():
+        if dist.get_backend() == "nccl":
+            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", dist.get_rank())))
+        return torch.device("cpu")
+    raise RuntimeError(
+        "dl.device() only has a meaning inside a rank: call it from a function started by "
+        "dl.launch(...) or a %%distributed cell (or after init_process_group under torchrun)."
+    )
+
+
+def rank_main(spec: RankSpec, out_w, err_w, msg_w, dump_w, release_r) -> None:
+    """Entry point of a rank process (the target of multiprocessing.Process)."""
+    _own_process_group()
+    _die_with_parent()
+    _redirect_output(out_w.fileno(), err_w.fileno())
+    out_w.close()
+    err_w.close()
+    faulthandler.enable(file=sys.stderr, all_threads=True)  # SIGSEGV/SIGABRT print a stack
+    faulthandler.register(signal.SIGUSR1, file=dump_w, all_threads=True)
+    _apply_caller_state(spec)
+    _send(msg_w, ("started", os.getpid(), threading.get_ident()))
+
+    global _context
+    try:
+        try:
+            fn, args, kwargs = serialize.loads(spec.payload)
+        except BaseException as exc:
+            raise RuntimeError(
+                f"rank {spec.rank} could not load the function and its arguments: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        _context = _init_process_group(spec)
+        value, trace = _call_user(fn, args, kwargs, spec.trace)
+        _send_result(msg_w, value, trace)
+    except BaseException as exc:
+        _flush_all()
+        _send(msg_w, ("raised", *_describe(exc)))
+        _flush_all()
+        return  # the launcher stops every rank now; tearing the group down here could hang
+    _flush_all()
+    _wait_for_release(release_r)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    _flush_all()
+
+
+# -- process setup -------------------------------------------------------------------------
+
+
+def _own_process_group() -> None:
+    # The launcher stops a rank with killpg, which also reaches anything the rank started.
+    try:
+        os.setpgid(0, 0)
+    except OSError:
+        pass
+
+
+def _die_with_parent() -> None:
+    """If the launching process dies (kernel restarted), take this rank down with it.
+
+    A forkserver child inherits a pipe that keeps the forkserver alive while any child lives;
+    closing it lets the forkserver exit when the kernel dies, and this rank follows its parent.
+    """
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    if getattr(server, "_forkserver_alive_fd", None) is not None:
+        try:
+            os.close(server._forkserver_alive_fd)
+        except OSError:
+            pass
+        server._forkserver_alive_fd = None
+    parent = os.getppid()
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+            if os.getppid() != parent:  # the parent died before prctl took effect
+                os._exit(1)
+            return
+        except (OSError, AttributeError):
+            pass
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="dpmp-parent-watch", daemon=True).start()
+
+
+def _redirect_output(out_fd: int, err_fd: int) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, ValueError, OSError):
+            pass
+    os.dup2(out_fd, 1)
+    os.dup2(err_fd, 2)
+    sys.stdout = sys.__stdout__ = open(  # noqa: SIM115 - lives as long as the process
+        1, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False
+    )
+    sys.stderr = sys.__stderr__ = open(  # noqa: SIM115
+        2, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False
+    )
+
+
+def _apply_caller_state(spec: RankSpec) -> None:
+    """Make this rank see the caller's environment, import path and working directory.
+
+    A forkserver child is a copy of a server started long ago; without this it would see the
+    environment of that moment, not the notebook's current one.
+    """
+    os.environ.clear()
+    os.environ.update(spec.environ)
+    sys.path[:] = spec.sys_path
+    try:
+        os.chdir(spec.cwd)
+    except OSError:
+        pass
+    linecache.cache.update(spec.source_lines)
+    torch.set_num_threads(spec.threads)
+
+
+def _init_process_group(spec: RankSpec) -> RankContext:
+    timeout = datetime.timedelta(seconds=spec.pg_timeout)
+    local_rank = spec.rank  # launch() starts every rank on this machine
+    if spec.backend == "nccl":
+        torch.cuda.set_device(local_rank)
+        dev = torch.device("cuda", local_rank)
+    else:
+        dev = torch.device("cpu")
+    store = dist.FileStore(spec.store_path, spec.world_size)
+    store.set_timeout(timeout)
+    dist.init_process_group(
+        spec.backend,
+        store=store,
+        rank=spec.rank,
+        world_size=spec.world_size,
+        timeout=timeout,
+    )
+    return RankContext(spec.rank, spec.world_size, local_rank, spec.backend, dev)
+
+
+def _call_user(fn, args, kwargs, trace: bool) -> tuple[Any, Any]:
+    if not trace:
+        return fn(*args, **kwargs), None
+    from dpmp_lab.trace import trace as start_trace
+
+    with start_trace() as t:
+        value = fn(*args, **kwargs)
+    return value, t
+
+
+# -- reporting -----------------------------------------------------------------------------
+
+
+def _send(conn, message: tuple) -> None:
+    conn.send_bytes(serialize.dumps(message))
+
+
+def _send_result(conn, value, trace) -> None:
+    try:
+        data = serialize.dumps(("returned", value, trace))
+    except Exception as exc:
+        raise TypeError(
+            f"the function returned a {type(value).__name__} that cannot be sent back to the "
+            f"notebook ({type(exc).__name__}: {exc}). Return plain Python values, numbers or "
+            "tensors (for a DTensor, return .full_tensor() or .to_local())."
+        ) from exc
+    conn.send_bytes(data)
+
+
+def _describe(exc: BaseException) -> tuple[str, str, str, int | None]:
+    """(exception type, message, traceback text, exit code) of an exception in this rank."""
+    kind = type(exc)
+    name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    exitcode = None
+    if isinstance(exc, SystemExit):
+        exitcode = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    report = traceback.TracebackException(kind, exc, exc.__traceback__)
+    _drop_plumbing(report)
+    return name, str(exc), "".join(report.format()), exitcode
+
+
+# Frames that only wrap the learner's call: this module's and torch's logging decorator.
+_PLUMBING = (__file__, "c10d_logger.py")
+
+
+def _drop_plumbing(report: traceback.TracebackException | None, seen: set | None = None) -> None:
+    seen = set() if seen is None else seen
+    if report is None or id(report) in seen:
+        return
+    seen.add(id(report))
+    report.stack = traceback.StackSummary.from_list(
+        [f for f in report.stack if not f.filename.endswith(_PLUMBING)]
+    )
+    _drop_plumbing(report.__cause__, seen)
+    _drop_plumbing(report.__context__, seen)
+
+
+def _flush_all() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (ValueError, OSError):
+            pass
+    try:
+        ctypes.CDLL(None).fflush(None)  # C stdio buffers (printf from native code)
+    except (OSError, AttributeError):
+        pass
+
+
+def _wait_for_release(release_r) -> None:
+    try:
+        release_r.recv_bytes()
+    except (EOFError, OSError):
+        pass

@@ -1,0 +1,66 @@
+"""Shared fixtures: every launch test also proves that no rank process and no fd was left behind."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+import dpmp_lab as dl
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Long-lived helpers that multiprocessing starts once per process; they are not leaks.
+_HELPERS = ("multiprocessing.forkserver", "multiprocessing.resource_tracker")
+
+
+def _proc_table() -> dict[int, tuple[int, str]]:
+    table = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        table[int(entry)] = (ppid, cmd)
+    return table
+
+
+def stray_processes() -> list[str]:
+    """Descendants of this process other than multiprocessing's own helpers."""
+    table = _proc_table()
+    me, found, frontier = os.getpid(), [], [os.getpid()]
+    while frontier:
+        parent = frontier.pop()
+        for pid, (ppid, cmd) in table.items():
+            if ppid == parent and pid != me:
+                frontier.append(pid)
+                if not any(h in cmd for h in _HELPERS):
+                    found.append(f"{pid} {cmd}")
+    return found
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.fixture(scope="session")
+def warm() -> None:
+    """Start the forkserver once, so its own pipes are not counted as leaks."""
+    dl.launch(lambda: None, world_size=2, stream=False)
+
+
+@pytest.fixture
+def no_leaks(warm):
+    before = open_fds()
+    yield
+    deadline = time.monotonic() + 3.0
+    while (stray_processes() or open_fds() > before) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert stray_processes() == [], "rank processes were left behind"
+    assert open_fds() <= before, f"file descriptors leaked: {before} before, {open_fds()} after"
