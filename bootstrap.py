@@ -93,12 +93,12 @@ def pip_install(python: Path, constraints: str, extra: list[str]) -> bool:
 
 def ensure_installed(purpose: str) -> Path:
     python = ensure_venv()
-    constraints, which_torch = constraints_for(purpose, python)
     digest = hashlib.sha256(
-        (ROOT / "pyproject.toml").read_bytes() + constraints.encode()
+        (ROOT / "pyproject.toml").read_bytes() + CONSTRAINTS.read_bytes()
     ).hexdigest()
     if STAMP.exists() and STAMP.read_text() == digest:
         return python
+    constraints, which_torch = constraints_for(purpose, python)
     say(f"installing dpmp_lab and its tools into .venv ({which_torch})")
     ok = pip_install(python, constraints, [])
     if not ok and "+cpu" in constraints and sys.platform.startswith("linux"):
