@@ -59,7 +59,7 @@ def lab(args: argparse.Namespace) -> int:
     """Start JupyterLab on the course (replaces this process)."""
     directory = Path(args.dir) if args.dir else course_dir()
     argv = [sys.executable, "-m", "jupyter", "lab", f"--ServerApp.root_dir={directory}"]
-    argv += args.jupyter_args
+    argv += args.extra
     print(f"starting JupyterLab on {directory}", flush=True)
     os.execv(sys.executable, argv)
     return 0  # not reached
@@ -75,10 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=doctor)
     p = sub.add_parser("lab", help="open the course in JupyterLab")
     p.add_argument("--dir", default=None, help="folder to open (default: the course)")
-    p.add_argument("jupyter_args", nargs=argparse.REMAINDER,
-                   help="passed on to `jupyter lab` (e.g. --no-browser --port 8899)")
     p.set_defaults(func=lab)
-    args = parser.parse_args(argv)
+    parser.epilog = "dpmp-lab lab passes any other option to `jupyter lab` (e.g. --no-browser)."
+    args, args.extra = parser.parse_known_args(argv)
+    if args.extra and args.func is not lab:
+        parser.error(f"unrecognized arguments: {' '.join(args.extra)}")
     return args.func(args)
 
 
