@@ -59,6 +59,8 @@ def lab(args: argparse.Namespace) -> int:
     """Start JupyterLab on the course (replaces this process)."""
     directory = Path(args.dir) if args.dir else course_dir()
     argv = [sys.executable, "-m", "jupyter", "lab", f"--ServerApp.root_dir={directory}"]
+    if hasattr(os, "geteuid") and os.geteuid() == 0 and "--allow-root" not in args.extra:
+        argv.append("--allow-root")  # containers and cloud GPU boxes often run as root
     argv += args.extra
     print(f"starting JupyterLab on {directory}", flush=True)
     os.execv(sys.executable, argv)
