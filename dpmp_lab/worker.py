@@ -66,42 +66,44 @@ class RankContext:
 _context: RankContext | None = None
 
 
+def _outside_a_rank(name: str) -> RuntimeError:
+    return RuntimeError(
+        f"dl.{name}() only has a meaning inside a rank: call it from a function started by "
+        "dl.launch(...) or a %%distributed cell (or after init_process_group under torchrun)."
+    )
+
+
+def _group_ready() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
 def rank() -> int:
     """This process's rank in the default process group."""
     if _context is not None:
         return _context.rank
-    if dist.is_available() and dist.is_initialized():
+    if _group_ready():
         return dist.get_rank()
-    raise RuntimeError(
-        "dl.rank() only has a meaning inside a rank: call it from a function started by "
-        "dl.launch(...) or a %%distributed cell (or after init_process_group under torchrun)."
-    )
+    raise _outside_a_rank("rank")
 
 
 def world_size() -> int:
     """How many ranks the default process group has."""
     if _context is not None:
         return _context.world_size
-    if dist.is_available() and dist.is_initialized():
+    if _group_ready():
         return dist.get_world_size()
-    raise RuntimeError(
-        "dl.world_size() only has a meaning inside a rank: call it from a function started by "
-        "dl.launch(...) or a %%distributed cell (or after init_process_group under torchrun)."
-    )
+    raise _outside_a_rank("world_size")
 
 
 def device() -> torch.device:
     """The device this rank computes on: cuda:<local rank> under nccl, else cpu."""
     if _context is not None:
         return _context.device
-    if dist.is_available() and dist.is_initialized():
+    if _group_ready():
         if dist.get_backend() == "nccl":
             return torch.device("cuda", int(os.environ.get("LOCAL_RANK", dist.get_rank())))
         return torch.device("cpu")
-    raise RuntimeError(
-        "dl.device() only has a meaning inside a rank: call it from a function started by "
-        "dl.launch(...) or a %%distributed cell (or after init_process_group under torchrun)."
-    )
+    raise _outside_a_rank("device")
 
 
 def rank_main(spec: RankSpec, out_w, err_w, msg_w, dump_w, release_r) -> None:
