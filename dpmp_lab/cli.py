@@ -68,7 +68,10 @@ def lab(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="dpmp-lab", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="dpmp-lab", description=__doc__,
+        epilog="dpmp-lab lab passes any other option to `jupyter lab` (e.g. --no-browser).",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("doctor", help="check torch, backends and a 2-rank launch")
     p.add_argument("-n", "--world-size", type=int, default=2)
@@ -78,10 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("lab", help="open the course in JupyterLab")
     p.add_argument("--dir", default=None, help="folder to open (default: the course)")
     p.set_defaults(func=lab)
-    parser.epilog = "dpmp-lab lab passes any other option to `jupyter lab` (e.g. --no-browser)."
-    args, args.extra = parser.parse_known_args(argv)
-    if args.extra and args.func is not lab:
-        parser.error(f"unrecognized arguments: {' '.join(args.extra)}")
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.func is not lab:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.extra = extra
     return args.func(args)
 
 

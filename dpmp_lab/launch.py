@@ -32,7 +32,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import cloudpickle
 import torch
 import torch.distributed as dist
 
@@ -202,8 +201,8 @@ def launch(
     threads:      torch threads per rank (default: cores // world_size, at least 1).
     stream:       print every rank's output live, prefixed "[rank r]".
     """
-    request = _check_request(fn, args, kwargs, world_size, backend, timeout, start_method,
-                             env, threads, pg_timeout)
+    request = _check_request(fn, world_size, backend, timeout, start_method, env, threads,
+                             pg_timeout)
     if trace:
         raise NotImplementedError(
             "launch(trace=True) needs dpmp_lab's collective tracer, which is not built yet"
@@ -223,7 +222,7 @@ class _Request:
     threads: int
 
 
-def _check_request(fn, args, kwargs, world_size, backend, timeout, start_method, env, threads,
+def _check_request(fn, world_size, backend, timeout, start_method, env, threads,
                    pg_timeout) -> _Request:
     if not callable(fn):
         raise TypeError(f"launch() needs a function to run on every rank, got {type(fn).__name__}")
@@ -304,7 +303,7 @@ def _cores() -> int:
 
 
 def _pickle_payload(fn, args, kwargs) -> bytes:
-    """cloudpickle fn, args and kwargs; when that fails, say which one cannot travel."""
+    """Pickle fn, args and kwargs; when that fails, say which one cannot travel."""
     try:
         return serialize.dumps((fn, args, kwargs))
     except Exception as exc:
@@ -313,7 +312,7 @@ def _pickle_payload(fn, args, kwargs) -> bytes:
         parts += [(f"keyword argument {k!r} ({type(v).__name__})", v) for k, v in kwargs.items()]
         for what, obj in parts:
             try:
-                cloudpickle.dumps(obj)
+                serialize.dumps(obj)
             except Exception as part_exc:
                 raise ValueError(
                     f"{what} cannot be sent to the ranks: {type(part_exc).__name__}: {part_exc}. "
@@ -549,7 +548,7 @@ class _Launch:
         except (EOFError, OSError):
             self._unregister(conn)
             return
-        message = cloudpickle.loads(data)
+        message = serialize.loads(data)
         kind = message[0]
         if kind == "started":
             rank.state = "running"
@@ -603,8 +602,7 @@ class _Launch:
                 _signal(r.proc, signal.SIGKILL)
 
     def _open_streams(self) -> bool:
-        return any(kind in ("out", "err") for _, kind in
-                   (key.data for key in self.sel.get_map().values()))
+        return any(key.data[1] in ("out", "err") for key in self.sel.get_map().values())
 
     def _unregister(self, fileobj) -> None:
         try:
