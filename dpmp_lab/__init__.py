@@ -2,8 +2,13 @@
 
     import dpmp_lab as dl
     res = dl.launch(fn, world_size=4)     # fn runs on 4 ranks with a process group each
+    with dl.trace() as t: ...             # inside a rank: every collective it issues
+    grid = dl.ProcessGrid(dp=2, tp=2)     # inside a rank: the dp x tp process groups
+    dl.check.comm(res, {...})             # grading: numbers and communication
 """
 
+from dpmp_lab import check, viz
+from dpmp_lab.grid import GridLayout, ProcessGrid
 from dpmp_lab.launch import (
     LaunchError,
     LaunchResult,
@@ -12,20 +17,29 @@ from dpmp_lab.launch import (
     launch,
     visible_gpus,
 )
+from dpmp_lab.trace import CommEvent, Trace, name_group, trace
 from dpmp_lab.worker import device, rank, world_size
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CommEvent",
+    "GridLayout",
     "LaunchError",
     "LaunchResult",
     "LaunchTimeout",
+    "ProcessGrid",
     "RankFailure",
+    "Trace",
+    "check",
     "device",
     "launch",
     "load_ipython_extension",
+    "name_group",
     "rank",
+    "trace",
     "visible_gpus",
+    "viz",
     "world_size",
 ]
 

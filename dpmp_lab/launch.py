@@ -196,17 +196,14 @@ def launch(
     pg_timeout:   process-group timeout (default min(timeout, 30)): a collective that not every
                   rank joins fails after this long instead of torch's default of minutes.
     start_method: "forkserver" (default: torch preloaded, ~0.1 s a launch), "fork", "spawn".
-    trace:        record every rank's collectives; they come back in `res.traces`.
+    trace:        record every collective and p2p op each rank issues inside fn; one
+                  dl.Trace per rank comes back in `res.traces`.
     env:          extra environment variables for the ranks.
     threads:      torch threads per rank (default: cores // world_size, at least 1).
     stream:       print every rank's output live, prefixed "[rank r]".
     """
     request = _check_request(fn, world_size, backend, timeout, start_method, env, threads,
                              pg_timeout)
-    if trace:
-        raise NotImplementedError(
-            "launch(trace=True) needs dpmp_lab's collective tracer, which is not built yet"
-        )
     payload = _pickle_payload(fn, args, kwargs)
     return _Launch(request, payload, trace=trace, stream=stream).run()
 

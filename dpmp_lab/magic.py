@@ -15,7 +15,8 @@ What the cell sees in each rank:
   * the notebook variables it reads (functions, classes, tensors, modules), sent by value
     when the cell starts. Assignments in the cell stay in the ranks: they do not change the
     notebook's variables. Use `-o name` to keep the LaunchResult, or return values.
-Options: -n/--nproc, --backend, --timeout, --start-method, --trace, -o/--out.
+Options: -n/--nproc, --backend, --timeout, --start-method, -o/--out, and --trace, which
+shows a table of every rank's communication under the cell.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def register(ipython) -> None:
     @argument("--backend", default="auto", help="auto, gloo or nccl")
     @argument("--timeout", type=float, default=120.0, help="seconds before a hang is reported")
     @argument("--start-method", default="forkserver", help="forkserver, fork or spawn")
-    @argument("--trace", action="store_true", help="record each rank's collectives")
+    @argument("--trace", action="store_true", help="show each rank's communication")
     @argument("-o", "--out", default=None, help="store the LaunchResult in this variable")
     def distributed(line: str, cell: str):
         """Run this cell on N ranks, each with an initialised process group."""
@@ -96,6 +97,12 @@ def register(ipython) -> None:
                      start_method=opts.start_method, trace=opts.trace)
         if opts.out:
             user_ns[opts.out] = res
+        if opts.trace:
+            from IPython.display import display
+
+            from dpmp_lab import viz
+
+            display(viz.comm(res))
         if any(v is not None for v in res.values):
             return res.values
         return None

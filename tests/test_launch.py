@@ -381,11 +381,6 @@ def test_process_group_already_initialised_in_caller():
         dist.destroy_process_group()
 
 
-def test_trace_is_not_available_yet():
-    with pytest.raises(NotImplementedError, match="trace"):
-        dl.launch(all_reduce_rank_sum, world_size=2, trace=True)
-
-
 def test_doctor_passes_and_fails_clearly():
     ok = subprocess.run([sys.executable, "-m", "dpmp_lab.cli", "doctor"], capture_output=True,
                         text=True, timeout=120, cwd=ROOT)

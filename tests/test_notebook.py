@@ -10,15 +10,25 @@ from nbclient import NotebookClient
 
 from .conftest import ROOT, stray_processes
 
-NOTEBOOK = ROOT / "tests" / "notebooks" / "launch_in_a_cell.ipynb"
+NOTEBOOKS = ROOT / "tests" / "notebooks"
+
+
+def execute(name: str):
+    path = NOTEBOOKS / name
+    nb = nbformat.read(path, as_version=4)
+    NotebookClient(nb, timeout=120, kernel_name="python3",
+                   resources={"metadata": {"path": str(path.parent)}}).execute()
+    return nb
 
 
 @pytest.fixture(scope="module")
 def executed():
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    NotebookClient(nb, timeout=120, kernel_name="python3",
-                   resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
-    return nb
+    return execute("launch_in_a_cell.ipynb")
+
+
+@pytest.fixture(scope="module")
+def traced():
+    return execute("trace_in_a_cell.ipynb")
 
 
 def text_of(cell) -> str:
@@ -68,3 +78,24 @@ def test_kernel_still_works_after_failures(executed):
     assert all(o.output_type == "stream" for o in last.outputs)
     assert "[rank 1] sum over ranks = 3.0" in text_of(last)
     assert stray_processes() == []
+
+
+def rich(cell, mime: str) -> str:
+    return "".join(o.data.get(mime, "") for o in cell.outputs if "data" in o)
+
+
+def test_trace_summary_renders_as_a_table(traced):
+    cell = cell_with(traced, "res.traces[3].summary()")
+    html = rich(cell, "text/html")
+    assert "<table" in html and "<td>all_reduce</td>" in html and "<td>dp</td>" in html
+    assert "<td>all_gather</td>" in html and "<td>tp</td>" in html and "32 B" in html
+    assert "communication issued by rank 3" in rich(cell, "text/plain")
+
+
+def test_comm_table_grid_picture_and_traced_magic_render(traced):
+    table = rich(cell_with(traced, "dl.viz.comm(res)"), "text/html")
+    assert all(f"<th>rank {r}</th>" in table for r in range(4))
+    assert rich(cell_with(traced, "dl.viz.grid("), "image/svg+xml").startswith("<svg")
+    magic = cell_with(traced, "%%distributed -n 2 --trace")
+    assert "<td>broadcast</td>" in rich(magic, "text/html")
+    assert "<th>rank 1</th>" in rich(magic, "text/html")

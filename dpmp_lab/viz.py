@@ -1,0 +1,217 @@
+"""Pictures and tables that render in a notebook (HTML/SVG) and as plain text everywhere else.
+
+Nothing here needs matplotlib or a running process group, so a learner can draw a layout in
+the notebook kernel before launching anything, and grader messages stay readable in a terminal.
+
+    dl.viz.grid(dp=2, tp=2, pp=2)     # which ranks share which group
+    dl.viz.comm(res.traces)           # collectives per op, group and phase, one column per rank
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from typing import Any
+
+
+class Table:
+    """A small table: `str()` gives aligned text, a notebook shows HTML."""
+
+    def __init__(self, columns: Sequence[str], rows: Sequence[Sequence[Any]], title: str = "",
+                 marks: Sequence[bool] | None = None, note: str = ""):
+        self.columns = list(columns)
+        self.rows = [[_cell(v) for v in row] for row in rows]
+        self.title = title
+        self.marks = list(marks) if marks is not None else [False] * len(self.rows)
+        self.note = note
+
+    def __str__(self) -> str:
+        cells = [self.columns] + self.rows
+        widths = [max(len(r[i]) for r in cells) for i in range(len(self.columns))]
+        numeric = [all(_is_number(r[i]) for r in self.rows) and self.rows for i in
+                   range(len(self.columns))]
+
+        def line(row: list[str], mark: str = "") -> str:
+            parts = [v.rjust(w) if num else v.ljust(w) for v, w, num in zip(row, widths, numeric, strict=True)]
+            return ("  ".join(parts) + mark).rstrip()
+
+        out = [self.title] if self.title else []
+        out.append(line(self.columns))
+        out += [line(r, "   <-" if m else "") for r, m in zip(self.rows, self.marks, strict=True)]
+        if not self.rows:
+            out.append("(none)")
+        if self.note:
+            out.append(self.note)
+        return "\n".join(out)
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in self.columns)
+        body = []
+        for row, mark in zip(self.rows, self.marks, strict=True):
+            style = ' style="background:#fdd"' if mark else ""
+            cells = "".join(f"<td>{html.escape(v)}</td>" for v in row)
+            body.append(f"<tr{style}>{cells}</tr>")
+        if not self.rows:
+            body.append(f'<tr><td colspan="{len(self.columns)}">(none)</td></tr>')
+        caption = f"<caption>{html.escape(self.title)}</caption>" if self.title else ""
+        note = f"<p>{html.escape(self.note)}</p>" if self.note else ""
+        return (f'<table class="dpmp-lab">{caption}<thead><tr>{head}</tr></thead>'
+                f"<tbody>{''.join(body)}</tbody></table>{note}")
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, tuple):
+        return "(" + ",".join(str(v) for v in value) + ")"
+    return str(value)
+
+
+def _is_number(text: str) -> bool:
+    return text.replace(".", "", 1).replace(" ", "").lstrip("-").isdigit() or text == "-"
+
+
+def human_bytes(n: float) -> str:
+    """1536 -> '1.5 KiB': sizes the way the articles quote them (4 MiB of gradients)."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+# -- communication ------------------------------------------------------------------------------
+
+
+def comm(traces: Sequence[Any] | Any, *, bytes: bool = False) -> Table:
+    """Collectives per (op, group, phase), one column per rank: what each rank issued.
+
+    `traces`: the result of `dl.launch(..., trace=True)`, its `.traces`, or one Trace.
+    With bytes=True the cells show the bytes instead of the counts.
+    """
+    from dpmp_lab.trace import traces_of
+
+    traces = traces_of(traces)
+    keys: dict[tuple, None] = {}
+    for t in traces:
+        for ev in t.events:
+            keys.setdefault((ev.op, ev.group_label, ev.phase), None)
+    rows = []
+    for op, group, phase in keys:
+        row: list[Any] = [op, group, phase]
+        for t in traces:
+            picked = [ev for ev in t.events
+                      if (ev.op, ev.group_label, ev.phase) == (op, group, phase)]
+            row.append(human_bytes(sum(e.nbytes for e in picked)) if bytes else len(picked))
+        rows.append(row)
+    ranks = [f"rank {t.rank}" if t.rank is not None else f"trace {i}"
+             for i, t in enumerate(traces)]
+    what = "bytes sent" if bytes else "calls"
+    return Table(["op", "group", "phase", *ranks], rows, title=f"communication ({what})")
+
+
+# -- process grid ---------------------------------------------------------------------------------
+
+_PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1",
+            "#ff9da7"]
+
+
+class GridPicture:
+    """Ranks laid out as the articles draw them: a row is a DP group, a column a TP group.
+
+    With pp > 1 there is one panel per pipeline stage; the same cell in every panel is a
+    pipeline (pp) group. `str()` gives the text version, a notebook shows SVG.
+    """
+
+    def __init__(self, layout: Any, highlight: int | None = None):
+        self.layout = layout
+        self.highlight = highlight
+
+    def __str__(self) -> str:
+        L = self.layout
+        lines = [L.describe_sizes()]
+        width = max(4, len(str(L.world_size - 1)) + 1)
+        for pp in range(L.pp):
+            if L.pp > 1:
+                lines.append(f"pipeline stage pp={pp}:")
+            header = " " * 8 + "".join(f"dp={d}".rjust(width + 3) for d in range(L.dp))
+            lines.append(header)
+            for tp in range(L.tp):
+                cells = []
+                for dp in range(L.dp):
+                    r = L.rank_of(pp=pp, dp=dp, tp=tp)
+                    text = f"[{r}]" if r == self.highlight else str(r)
+                    cells.append(text.rjust(width + 3))
+                lines.append(f"  tp={tp}".ljust(8) + "".join(cells))
+        lines.append("a row is a data-parallel (dp) group: same model shard, different data")
+        lines.append("a column is a tensor-parallel (tp) group: one model split across ranks")
+        if L.pp > 1:
+            lines.append("the same place in every stage is a pipeline (pp) group")
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+    def _repr_svg_(self) -> str:
+        L = self.layout
+        cell, gap, margin, top = 46, 6, 50, 40
+        panel_w = margin + L.dp * (cell + gap) + 20
+        width = max(panel_w * L.pp, 260)
+        height = top + L.tp * (cell + gap) + 70
+        out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+               'font-family="sans-serif" font-size="12">']
+        for pp in range(L.pp):
+            x0 = pp * panel_w
+            if L.pp > 1:
+                out.append(f'<text x="{x0 + margin}" y="16">stage pp={pp}</text>')
+            for dp in range(L.dp):
+                x = x0 + margin + dp * (cell + gap)
+                out.append(f'<text x="{x + 8}" y="{top - 6}">dp={dp}</text>')
+            for tp in range(L.tp):
+                y = top + tp * (cell + gap)
+                out.append(f'<text x="{x0 + 4}" y="{y + cell // 2 + 4}">tp={tp}</text>')
+                for dp in range(L.dp):
+                    x = x0 + margin + dp * (cell + gap)
+                    r = L.rank_of(pp=pp, dp=dp, tp=tp)
+                    colour = _PALETTE[tp % len(_PALETTE)]
+                    stroke = 'stroke="black" stroke-width="3"' if r == self.highlight else ""
+                    out.append(f'<rect x="{x}" y="{y}" width="{cell}" height="{cell}" rx="6" '
+                               f'fill="{colour}" fill-opacity="0.35" {stroke}/>')
+                    out.append(f'<text x="{x + cell // 2}" y="{y + cell // 2 + 5}" '
+                               f'text-anchor="middle" font-size="15">{r}</text>')
+        y = top + L.tp * (cell + gap) + 18
+        out.append(f'<text x="4" y="{y}">row (same colour) = dp group: same shard, '
+                   "different data</text>")
+        out.append(f'<text x="4" y="{y + 16}">column = tp group: one model split across '
+                   "ranks</text>")
+        if L.pp > 1:
+            out.append(f'<text x="4" y="{y + 32}">same place in each stage = pp group</text>')
+        out.append("</svg>")
+        return "".join(out)
+
+    def save(self, path: str) -> None:
+        """Write the SVG picture to `path` (for slides and handouts)."""
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(self._repr_svg_())
+
+
+def grid(grid_or_none: Any = None, *, dp: int = 1, tp: int = 1, pp: int = 1,
+         highlight: int | None = None) -> GridPicture:
+    """Draw a process grid: `dl.viz.grid(dp=2, tp=2)` or `dl.viz.grid(my_grid)`.
+
+    Works in the notebook kernel without launching anything, so you can look at a layout
+    before you build it.
+    """
+    from dpmp_lab.grid import GridLayout
+
+    if grid_or_none is None:
+        layout = GridLayout(dp=dp, tp=tp, pp=pp)
+    else:
+        layout = getattr(grid_or_none, "layout", grid_or_none)
+        if not isinstance(layout, GridLayout):
+            raise TypeError(f"dl.viz.grid takes a ProcessGrid or GridLayout, not "
+                            f"{type(grid_or_none).__name__}")
+        if highlight is None:
+            highlight = getattr(grid_or_none, "rank", None)
+    return GridPicture(layout, highlight)

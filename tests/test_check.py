@@ -1,0 +1,279 @@
+"""dl.check: passes right answers, and fails every wrong one with the promised message."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import dpmp_lab as dl
+from dpmp_lab.check import CheckFailed
+
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
+
+# -- a data-parallel step, right and wrong, against full-batch training in one process -----------
+
+
+def make_model(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+
+
+def batch() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(8, 4, generator=g), torch.randn(8, 2, generator=g)
+
+
+def sgd(model: torch.nn.Module, lr: float = 0.1) -> None:
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= lr * p.grad
+
+
+def dp_step(mistake: str | None = None) -> dict:
+    r, ws = dist.get_rank(), dist.get_world_size()
+    model = make_model(seed=r)   # each rank differs until rank 0's weights are broadcast
+    if mistake != "no broadcast":
+        for p in model.parameters():
+            dist.broadcast(p.data, src=0)
+    x, y = batch()
+    F.mse_loss(model(x.chunk(ws)[r]), y.chunk(ws)[r]).backward()
+    grads = [p.grad for p in model.parameters()]
+    if mistake == "flat":
+        flat = torch.cat([g.flatten() for g in grads])
+        dist.all_reduce(flat)
+        flat /= ws
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+    else:
+        for g in grads:
+            dist.all_reduce(g)
+            if mistake != "sum":
+                g /= ws
+    sgd(model)
+    return {**dl.check.grads(model), **dl.check.params(model)}
+
+
+def full_batch_step(_mistake: str | None = None) -> dict:
+    """The reference gets the same arguments as the parallel function; it ignores this one."""
+    model = make_model(seed=0)
+    x, y = batch()
+    F.mse_loss(model(x), y).backward()
+    sgd(model)
+    return {**dl.check.grads(model), **dl.check.params(model)}
+
+
+def test_right_dp_step_passes_numbers_and_communication(warm):
+    res = dl.check.against_reference(dp_step, full_batch_step, world_size=4,
+                                     comm={"broadcast": 4, "all_reduce": 4})
+    assert res.traces is not None and len(res.values) == 4
+    dl.check.same_on_all_ranks(res.values)
+
+
+def test_sum_instead_of_average_names_tensor_rank_errors_and_the_mistake(warm):
+    with pytest.raises(CheckFailed) as info:
+        dl.check.against_reference(dp_step, full_batch_step, "sum", world_size=4)
+    msg = str(info.value)
+    assert msg.startswith("On rank 0, 'grad 0.weight' differs from the reference")
+    assert "max abs error" in msg and "max rel error" in msg
+    assert "every element is 4x the reference" in msg and "not divided by 4" in msg
+    assert "'param 2.bias' on all ranks: differs" in msg   # every wrong tensor is listed
+
+
+def test_missing_broadcast_is_caught_by_reference_and_by_replica_check(warm):
+    res = dl.launch(dp_step, "no broadcast", world_size=2, stream=False)
+    with pytest.raises(CheckFailed, match="broadcast from rank 0 missing"):
+        dl.check.same_on_all_ranks(res.values)
+    with pytest.raises(CheckFailed, match="On rank 0, 'grad 0.weight' differs"):
+        dl.check.compare(res.values, full_batch_step())
+
+
+def test_per_parameter_all_reduce_gets_the_bucketing_hint(warm):
+    flat_ok = {"broadcast": 4, "all_reduce": 1}
+    dl.check.against_reference(dp_step, full_batch_step, "flat", world_size=2, comm=flat_ok)
+    with pytest.raises(CheckFailed) as info:
+        res = dl.launch(dp_step, world_size=2, trace=True, stream=False)
+        dl.check.comm(res, flat_ok, n_params=4)
+    msg = str(info.value)
+    assert "The communication of ranks 0, 1 is not what this exercise expects." in msg
+    assert "all_reduce  any    any           1     4   <-" in msg
+    assert "4 all-reduces = one per parameter tensor" in msg
+
+
+# -- fp64 and shards -----------------------------------------------------------------------------
+
+
+def partial_sums(n: int = 1000) -> dict:
+    r, ws = dist.get_rank(), dist.get_world_size()
+    v = torch.linspace(0, 1, n) ** 3          # default dtype: float64 when asked
+    total = v[r::ws].sum()                    # a different summation order than the reference
+    dist.all_reduce(total)
+    return {"total": total, "dtype": str(total.dtype), "shard": v.chunk(ws)[r]}
+
+
+def whole_sum(n: int = 1000) -> dict:
+    v = torch.linspace(0, 1, n) ** 3
+    return {"total": v.sum(), "dtype": str(v.dtype), "v": v}
+
+
+def test_fp64_option_runs_both_sides_in_double_and_shards_are_compared(warm):
+    res = dl.check.against_reference(
+        partial_sums, whole_sum, world_size=3, dtype=torch.float64,
+        expected_on_rank=lambda r, ref: {"total": ref["total"], "dtype": ref["dtype"],
+                                         "shard": ref["v"].chunk(3)[r]})
+    assert res.values[0]["dtype"] == "torch.float64"
+    with pytest.raises(CheckFailed, match="On rank 1, 'shard' differs from the reference"):
+        dl.check.against_reference(
+            partial_sums, whole_sum, world_size=3, dtype=torch.float64,
+            expected_on_rank=lambda r, ref: {"shard": ref["v"].chunk(3)[0]})
+
+
+# -- numbers, without launching ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("actual, expected, words", [
+    (torch.ones(3) * 4, torch.ones(3), "every element is 4x the reference"),
+    (torch.ones(3) / 2, torch.ones(3), "every element is 1/2 of the reference"),
+    (torch.zeros(3), torch.ones(3), "every element is zero"),
+    (torch.ones(2, 4), torch.ones(2, 8), "1/2 of the elements, a shard rather than the whole"),
+    (torch.ones(2, 8), torch.ones(2, 4), "2x the elements"),
+    (None, torch.ones(2), "is None: it was never computed"),
+    (torch.tensor([1.0, float("nan")]), torch.ones(2), "max abs error inf at [1]"),
+    (torch.tensor([1, 2]), torch.tensor([1, 3]), "differs in 1 of 2 elements"),
+    (3, 4, "is 3, expected 4"),
+])
+def test_close_fails_with_a_reason(actual, expected, words):
+    with pytest.raises(CheckFailed) as info:
+        dl.check.close(actual, expected, name="grad w", rank=2)
+    assert str(info.value).startswith("rank 2: 'grad w'") and words in str(info.value)
+
+
+def test_close_passes_within_tolerance_and_uses_fp32_defaults():
+    dl.check.close(torch.ones(3) * (1 + 1e-6), torch.ones(3))
+    with pytest.raises(CheckFailed, match=r"allowed \|got - expected\| <= 1e-06 \+ 1e-05"):
+        dl.check.close(torch.ones(3) * (1 + 1e-4), torch.ones(3))
+
+
+def test_compare_lists_missing_names_and_takes_per_rank_expectations():
+    with pytest.raises(CheckFailed, match="On rank 1, 'b' is missing: rank 1 returned 'a'"):
+        dl.check.compare([{"a": 1, "b": 2}, {"a": 1}], {"a": 1, "b": 2})
+    dl.check.compare([torch.ones(1), torch.ones(1) * 2], lambda r: torch.ones(1) * (r + 1))
+    dl.check.compare([torch.ones(1), torch.ones(1) * 2], [torch.ones(1), torch.ones(1) * 2])
+
+
+def test_failure_shows_only_the_message_in_a_notebook():
+    err = CheckFailed("On rank 0, 'x' differs")
+    assert err._render_traceback_() == ["CheckFailed: On rank 0, 'x' differs"]
+    assert isinstance(err, AssertionError)   # nbgrader and pytest treat it as a failed test
+
+
+# -- communication, on hand-made traces ---------------------------------------------------------
+
+
+def trace_of(*events: tuple, rank: int = 0) -> dl.Trace:
+    t = dl.Trace()
+    t.rank = rank
+    for op, group, phase, label, *nbytes in events:
+        t.events.append(dl.CommEvent(op, group, nbytes[0] if nbytes else 64, "float32", (16,),
+                                     phase, False, label))
+    return t
+
+
+TP = (0, 1)
+
+
+def comm_failure(traces, expected, **kw) -> str:
+    with pytest.raises(CheckFailed) as info:
+        dl.check.comm(traces, expected, **kw)
+    return str(info.value)
+
+
+def test_comm_passes_exact_counts_per_op_group_and_phase():
+    t = trace_of(("all_reduce", TP, "forward", "tp"), ("all_reduce", TP, "backward", "tp"))
+    dl.check.comm(t, {("all_reduce", "tp", "forward"): 1, ("all_reduce", "tp", "backward"): 1})
+    dl.check.comm([t], {("all_reduce", TP): 2})
+    dl.check.comm(t, {"all_gather": 0}, only=False)
+
+
+def test_wrong_group_is_named():
+    t = trace_of(("all_reduce", (0, 1, 2, 3), "backward", None))
+    msg = comm_failure(t, {("all_reduce", "dp", "backward"): 1})
+    assert "all_reduce  dp         backward         1     0   <-" in msg
+    assert "all_reduce  (0,1,2,3)  backward         0     1   <-" in msg
+    assert "went to group (0,1,2,3) instead of the dp group: pass group=" in msg
+
+
+def test_gather_where_a_sum_belongs():
+    t = trace_of(("all_gather", TP, "forward", "tp"), ("all_reduce", TP, "backward", "tp"))
+    msg = comm_failure(t, {("all_reduce", "tp", "forward"): 1,
+                           ("all_reduce", "tp", "backward"): 1})
+    assert "an all_gather where an all_reduce belongs" in msg
+    t = trace_of(("all_reduce", TP, "forward", "tp"))
+    assert "an all_reduce where an all_gather belongs" in comm_failure(t, {"all_gather": 1})
+
+
+def test_collective_in_a_send_recv_exercise():
+    t = trace_of(("all_reduce", (0, 1, 2), None, None))
+    msg = comm_failure(t, {"send": 4, "recv": 4})
+    assert "torch's all_reduce was called, but this exercise builds the communication from " \
+           "point-to-point messages" in msg
+    assert msg.count("Likely mistake") == 1 and "Also" not in msg
+
+
+def test_sync_after_backward_instead_of_during_it():
+    t = trace_of(("all_reduce", TP, None, "dp"), ("all_reduce", TP, None, "dp"))
+    msg = comm_failure(t, {("all_reduce", "dp", "backward"): 2})
+    assert "issued outside forward and backward, not during backward" in msg
+    assert "gradient hooks" in msg
+
+
+def test_multiples_missing_and_extra_calls():
+    t = trace_of(*[("all_reduce", TP, None, "dp")] * 4)
+    assert "2x the expected number of all_reduce calls on the dp group" in comm_failure(
+        t, {("all_reduce", "dp"): 2})
+    assert "1 all_reduce call(s) more than needed" in comm_failure(t, {"all_reduce": 3})
+    assert "no broadcast was issued" in comm_failure(t, {"broadcast": 1, "all_reduce": 4})
+    assert "4 unexpected all_reduce call(s) on group dp" in comm_failure(t, {})
+    assert "3 all_reduce call(s) missing" in comm_failure(trace_of(*[("all_reduce", TP, None,
+                                                                       "dp")] * 5),
+                                                           {"all_reduce": 8})
+
+
+def test_custom_hints_come_first_also_for_unexpected_calls():
+    t = trace_of(("all_reduce", TP, "backward", "dp"))
+    msg = comm_failure(t, {}, hints={"all_reduce": "an accumulation step must not communicate: "
+                                                    "wrap it in no_sync()"})
+    assert "Likely mistake: an accumulation step must not communicate" in msg
+    msg = comm_failure(t, {"all_reduce": 2}, hints={"all_reduce": "one per bucket"})
+    assert "Likely mistake: one per bucket" in msg
+
+
+def test_bytes_checked_exactly_or_within_a_tolerance():
+    t = trace_of(("send", TP, None, None, 1000), ("send", TP, None, None, 1000))
+    dl.check.comm(t, {"send": 2}, bytes={"send": 2000})
+    msg = comm_failure(t, {"send": 2}, bytes={"send": 1500})
+    assert "bytes of send on any (any): expected 1500 (1.5 KiB), seen 2000 (2.0 KiB)" in msg
+    dl.check.comm(t, {"send": 2}, bytes={"send": 1900}, bytes_rtol=0.1)
+
+
+def test_ranks_with_the_same_problem_are_reported_once_and_per_rank_expectations_work():
+    traces = [trace_of(("send", TP, None, None), rank=0), trace_of(("recv", TP, None, None),
+                                                                   rank=1)]
+    dl.check.comm(traces, lambda r: {"send": 1} if r == 0 else {"recv": 1})
+    msg = comm_failure(traces + [trace_of(("recv", TP, None, None), rank=2)],
+                       lambda r: {"send": 1} if r == 0 else {"recv": 0})
+    assert "The communication of ranks 1, 2 is not what" in msg and "rank 0" not in msg
+
+
+def test_bad_keys_and_missing_traces_are_clear_errors():
+    t = trace_of()
+    with pytest.raises(ValueError, match="did you mean 'all_gather'"):
+        dl.check.comm(t, {"allgather": 1})
+    with pytest.raises(ValueError, match="op, \\(op, group\\) or \\(op, group, phase\\)"):
+        dl.check.comm(t, {("all_reduce", "tp", "forward", 1): 1})
+    with pytest.raises(ValueError, match="launch with trace=True"):
+        dl.check.comm(dl.LaunchResult(values=[1], output=[""]), {"all_reduce": 1})
