@@ -7,7 +7,7 @@
     dl.check.comm(res, {...})             # grading: numbers and communication
 """
 
-from dpmp_lab import check, viz
+from dpmp_lab import check, models, viz
 from dpmp_lab.grid import GridLayout, ProcessGrid
 from dpmp_lab.launch import (
     LaunchError,
@@ -35,6 +35,7 @@ __all__ = [
     "device",
     "launch",
     "load_ipython_extension",
+    "models",
     "name_group",
     "rank",
     "trace",
