@@ -7,7 +7,7 @@
     dl.check.comm(res, {...})             # grading: numbers and communication
 """
 
-from dpmp_lab import check, models, viz
+from dpmp_lab import check, collectives, cost, models, viz
 from dpmp_lab.grid import GridLayout, ProcessGrid
 from dpmp_lab.launch import (
     LaunchError,
@@ -32,6 +32,8 @@ __all__ = [
     "RankFailure",
     "Trace",
     "check",
+    "collectives",
+    "cost",
     "device",
     "launch",
     "load_ipython_extension",

@@ -1,0 +1,145 @@
+"""Back-of-the-envelope numbers: how many bytes a layout sends, and how much memory it needs.
+
+    dl.cost.tensor_bytes((1024, 1024))              # 4 MiB: the articles' fp32 gradient
+    dl.cost.ring_all_reduce_bytes(4 * 2**20, n=8)   # what each rank sends to all-reduce it
+    print(dl.cost.memory(n_params=7e9, dp=8, zero=1))
+
+Conventions. K is the size in bytes of the whole tensor being reduced or gathered. "Sent per
+rank" is what a ring algorithm puts on each rank's outgoing link; it is also what each rank
+receives. These are the textbook bandwidth terms (latency and the links' speeds are left
+out), the same numbers the tracer measures when the collectives are built from send/recv.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from dpmp_lab import viz
+
+
+def tensor_bytes(shape: Sequence[int] | int, dtype: torch.dtype = torch.float32) -> int:
+    """Bytes of a tensor: 1024 x 1024 fp32 = 4 MiB; an 8 x 128 x 4096 fp32 activation = 16 MiB."""
+    numel = shape if isinstance(shape, int) else math.prod(shape)
+    return int(numel) * torch.empty(0, dtype=dtype).element_size()
+
+
+# -- collectives ------------------------------------------------------------------------------
+
+
+def _check_n(n: int) -> None:
+    if n < 1:
+        raise ValueError(f"a group has at least 1 rank, not {n}")
+
+
+def ring_all_reduce_bytes(k: float, n: int) -> float:
+    """Sent per rank by a ring all-reduce of K bytes over n ranks: 2 (n-1)/n K.
+
+    A reduce-scatter ((n-1)/n K) then an all-gather ((n-1)/n K): almost 2K whatever n is.
+    """
+    _check_n(n)
+    return 2 * (n - 1) / n * k
+
+
+def all_gather_bytes(k: float, n: int) -> float:
+    """Sent per rank by a ring all-gather whose result is K bytes: (n-1)/n K."""
+    _check_n(n)
+    return (n - 1) / n * k
+
+
+def reduce_scatter_bytes(k: float, n: int) -> float:
+    """Sent per rank by a ring reduce-scatter of a K-byte input: (n-1)/n K."""
+    _check_n(n)
+    return (n - 1) / n * k
+
+
+# -- what each kind of parallelism communicates -------------------------------------------------
+
+
+def dp_gradient_bytes(n_params: int, dtype: torch.dtype = torch.float32) -> int:
+    """K of data parallel: every trainable gradient, all-reduced once per step.
+
+    Per rank on the wire: ring_all_reduce_bytes(dp_gradient_bytes(...), dp).
+    """
+    return tensor_bytes(n_params, dtype)
+
+
+def tp_activation_bytes(batch: int, seq: int, d_model: int,
+                        dtype: torch.dtype = torch.float32) -> int:
+    """K of one tensor-parallel all-reduce: a (batch, seq, d_model) activation.
+
+    A Megatron MLP or attention block does one in forward (g) and one in backward (f), so a
+    transformer layer does 2 forward + 2 backward, each of this size; with sequence
+    parallelism each becomes a reduce-scatter plus an all-gather of the same K.
+    """
+    return tensor_bytes((batch, seq, d_model), dtype)
+
+
+def pp_activation_bytes(micro_batch: int, seq: int, d_model: int,
+                        dtype: torch.dtype = torch.float32) -> int:
+    """Bytes one stage sends to the next per micro-batch in forward; backward sends the same
+    amount of activation gradient back. Per step: 2 m of these on every stage boundary."""
+    return tensor_bytes((micro_batch, seq, d_model), dtype)
+
+
+# -- memory -----------------------------------------------------------------------------------
+
+# bytes per parameter: (weights, gradients, optimizer state). "mixed" is the ZeRO paper's
+# mixed-precision Adam: fp16 weights and gradients, plus fp32 master weights, momentum and
+# variance (4 + 4 + 4 = 12 bytes).
+_PRECISIONS = {"fp32": (4, 4, 8), "mixed": (2, 2, 12)}
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Model-state memory per GPU in bytes (activations not included)."""
+
+    params: float
+    grads: float
+    optimizer: float
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer
+
+    def table(self) -> viz.Table:
+        parts = (("parameters", self.params), ("gradients", self.grads),
+                 ("optimizer state", self.optimizer), ("total", self.total))
+        return viz.Table(["model state per GPU", "bytes"],
+                         [[what, viz.human_bytes(b)] for what, b in parts])
+
+    def __str__(self) -> str:
+        return str(self.table())
+
+    def _repr_html_(self) -> str:
+        return self.table()._repr_html_()
+
+
+def memory(n_params: float, *, dp: int = 1, tp: int = 1, pp: int = 1, zero: int = 0,
+           precision: str = "fp32") -> Memory:
+    """Memory of weights, gradients and Adam state per GPU.
+
+    tp and pp split the model: each GPU holds about n_params / (tp * pp) of it. Data
+    parallel replicates that share dp times, unless ZeRO shards it over the dp group:
+    stage 1 the optimizer state, stage 2 also the gradients, stage 3 also the weights.
+    """
+    if precision not in _PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(_PRECISIONS)}, not {precision!r}")
+    if zero not in (0, 1, 2, 3):
+        raise ValueError(f"ZeRO stages are 0 (off), 1, 2 and 3, not {zero}")
+    for name, size in (("dp", dp), ("tp", tp), ("pp", pp)):
+        if not isinstance(size, int) or size < 1:
+            raise ValueError(f"{name} must be a whole number of ranks >= 1, not {size!r}")
+    w, g, o = _PRECISIONS[precision]
+    share = n_params / (tp * pp)
+    return Memory(params=share * w / (dp if zero >= 3 else 1),
+                  grads=share * g / (dp if zero >= 2 else 1),
+                  optimizer=share * o / (dp if zero >= 1 else 1))
+
+
+__all__ = ["Memory", "all_gather_bytes", "dp_gradient_bytes", "memory", "pp_activation_bytes",
+           "reduce_scatter_bytes", "ring_all_reduce_bytes", "tensor_bytes",
+           "tp_activation_bytes"]
