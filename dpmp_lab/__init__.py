@@ -7,7 +7,7 @@
     dl.check.comm(res, {...})             # grading: numbers and communication
 """
 
-from dpmp_lab import check, collectives, cost, models, viz
+from dpmp_lab import check, collectives, cost, models, pp, tp, viz
 from dpmp_lab.grid import GridLayout, ProcessGrid
 from dpmp_lab.launch import (
     LaunchError,
@@ -39,7 +39,9 @@ __all__ = [
     "load_ipython_extension",
     "models",
     "name_group",
+    "pp",
     "rank",
+    "tp",
     "trace",
     "visible_gpus",
     "viz",

@@ -12,7 +12,6 @@ not our internals.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 import torch
 
 from dpmp_lab import viz
+from dpmp_lab.models import default_dtype
 from dpmp_lab.trace import OPS, CommEvent, Trace, _matcher, traces_of
 
 FP32 = {"rtol": 1e-5, "atol": 1e-6}
@@ -127,7 +127,7 @@ def against_reference(fn: Callable[..., Any], reference: Callable[..., Any], *ar
     trace = trace or comm is not None
     res = launch(_run_in_dtype, fn, dtype, *args, world_size=world_size, trace=trace,
                  timeout=timeout, **kwargs)
-    with torch.random.fork_rng(), _default_dtype(dtype):
+    with torch.random.fork_rng(), default_dtype(dtype):
         ref = reference(*args, **kwargs)
     if expected_on_rank is None:
         expected: Any = ref
@@ -141,21 +141,8 @@ def against_reference(fn: Callable[..., Any], reference: Callable[..., Any], *ar
 
 def _run_in_dtype(fn: Callable[..., Any], dtype: torch.dtype | None, *args: Any,
                   **kwargs: Any) -> Any:
-    with _default_dtype(dtype):
+    with default_dtype(dtype):
         return fn(*args, **kwargs)
-
-
-@contextlib.contextmanager
-def _default_dtype(dtype: torch.dtype | None):
-    if dtype is None:
-        yield
-        return
-    before = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(before)
 
 
 def _tolerances(rtol: float | None, atol: float | None,

@@ -33,6 +33,19 @@ def seeded(seed: int) -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype | None) -> Iterator[None]:
+    """Build and run a block in `dtype` (e.g. torch.float64 to compare against a reference
+    without float32 rounding), restoring the previous default afterwards. None: unchanged."""
+    before = torch.get_default_dtype()
+    if dtype is not None:
+        torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
+
+
 # -- MLP --------------------------------------------------------------------------------------
 
 
@@ -242,6 +255,6 @@ def shard(batch: torch.Tensor, rank: int, world: int, *, even: bool = True) -> t
     return batch[r.start:r.stop]
 
 
-__all__ = ["Block", "CausalSelfAttention", "Embed", "GPTConfig", "Head", "MLP", "TinyGPT",
-           "TinyMLP", "attend", "lm_loss", "regression_batch", "seeded", "shard", "shard_range",
-           "token_batch"]
+__all__ = ["MLP", "Block", "CausalSelfAttention", "Embed", "GPTConfig", "Head", "TinyGPT",
+           "TinyMLP", "attend", "default_dtype", "lm_loss", "regression_batch", "seeded",
+           "shard", "shard_range", "token_batch"]

@@ -215,3 +215,131 @@ def grid(grid_or_none: Any = None, *, dp: int = 1, tp: int = 1, pp: int = 1,
         if highlight is None:
             highlight = getattr(grid_or_none, "rank", None)
     return GridPicture(layout, highlight)
+
+
+# -- pipeline timeline ----------------------------------------------------------------------------
+
+_KIND_COLOUR = {"F": "#4e79a7", "B": "#f28e2b"}
+_KIND_FILL = {"F": ">", "B": "<"}
+
+
+class Timeline:
+    """Forward and backward boxes per pipeline stage over time, idle time (the bubble) shaded.
+
+    `str()` draws text: an F box is its label filled with '>' (activations flow to later
+    stages), a B box filled with '<' (gradients flow back), idle time is '.'. A notebook shows
+    SVG with the idle time hatched. Spans are (kind, microbatch, start, end) in `unit`.
+    """
+
+    def __init__(self, rows: Sequence[tuple[str, Sequence[Any]]], *, unit: str,
+                 title: str = "", width: int | None = None):
+        from dpmp_lab.pp import measured_bubble
+
+        self.rows = [(label, list(spans)) for label, spans in rows]
+        self.unit = unit
+        self.title = title
+        self.end = max(s.end for _, spans in self.rows for s in spans)
+        self.idle = measured_bubble([spans for _, spans in self.rows]).per_stage
+        labels = max(len(f"{s.kind}{s.microbatch}") for _, spans in self.rows for s in spans)
+        # a schedule's integer steps get whole characters each; measured times get a fixed width
+        per_step = labels + 1 if unit == "time steps" else None
+        self.width = width or (int(self.end) * per_step if per_step else 96)
+
+    def __str__(self) -> str:
+        scale = self.width / self.end
+        label_w = max(len(label) for label, _ in self.rows)
+        out = [self.title] if self.title else []
+        for (label, spans), idle in zip(self.rows, self.idle, strict=True):
+            line = ["."] * self.width
+            for s in spans:
+                a = min(round(s.start * scale), self.width - 1)
+                b = max(round(s.end * scale), a + 1)
+                text = f"{s.kind}{s.microbatch}"
+                text = (text + _KIND_FILL[s.kind] * (b - a))[:b - a] if b - a >= len(text) \
+                    else s.kind * (b - a)
+                line[a:b] = list(text)
+            out.append(f"{label.ljust(label_w)} |{''.join(line[:self.width])}| "
+                       f"idle {idle:.0%}")
+        out.append(" " * (label_w + 1) + "0" + f"{self.end:.4g}".rjust(self.width + 1)
+                   + f" {self.unit}")
+        return "\n".join(out)
+
+    __repr__ = __str__
+
+    def _repr_svg_(self) -> str:
+        label_w, plot_w, right_w, row_h, top = 130, 720, 80, 28, 34
+        height = top + len(self.rows) * row_h + 62
+        x_of = lambda t: label_w + t / self.end * plot_w  # noqa: E731
+        total_w = max(label_w + plot_w + right_w, int(len(self.title) * 6.5) + 8)
+        out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{total_w}" '
+               f'height="{height}" font-family="sans-serif" font-size="12">',
+               '<defs><pattern id="dpmp-idle" width="6" height="6" patternUnits="userSpaceOnUse" '
+               'patternTransform="rotate(45)"><rect width="6" height="6" fill="#eee"/>'
+               '<line x1="0" y1="0" x2="0" y2="6" stroke="#bbb" stroke-width="2"/></pattern>'
+               "</defs>",
+               f'<text x="4" y="16">{html.escape(self.title)}</text>']
+        for i, ((label, spans), idle) in enumerate(zip(self.rows, self.idle, strict=True)):
+            y = top + i * row_h
+            out.append(f'<text x="4" y="{y + 17}">{html.escape(label)}</text>')
+            out.append(f'<rect x="{label_w}" y="{y}" width="{plot_w}" height="{row_h - 4}" '
+                       'fill="url(#dpmp-idle)"/>')
+            for s in spans:
+                x, w = x_of(s.start), max(x_of(s.end) - x_of(s.start), 0.5)
+                out.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{row_h - 4}" '
+                           f'fill="{_KIND_COLOUR[s.kind]}" stroke="white" stroke-width="0.5">'
+                           f"<title>{s.kind}{s.microbatch}: {s.start:g}-{s.end:g} "
+                           f"{self.unit}</title></rect>")
+                if w >= 18:
+                    out.append(f'<text x="{x + w / 2:.1f}" y="{y + 16}" text-anchor="middle" '
+                               f'fill="white">{s.kind}{s.microbatch}</text>')
+            out.append(f'<text x="{label_w + plot_w + 6}" y="{y + 17}">idle {idle:.0%}</text>')
+        y = top + len(self.rows) * row_h + 14
+        for k in range(6):
+            t = self.end * k / 5
+            out.append(f'<text x="{x_of(t):.1f}" y="{y}" text-anchor="middle">{t:.3g}</text>')
+        out.append(f'<text x="{label_w + plot_w / 2}" y="{y + 16}" text-anchor="middle">'
+                   f"time ({html.escape(self.unit)})</text>")
+        legend_y = y + 34
+        out.append(f'<rect x="{label_w}" y="{legend_y - 10}" width="12" height="12" '
+                   f'fill="{_KIND_COLOUR["F"]}"/><text x="{label_w + 16}" y="{legend_y}">'
+                   "forward</text>")
+        out.append(f'<rect x="{label_w + 90}" y="{legend_y - 10}" width="12" height="12" '
+                   f'fill="{_KIND_COLOUR["B"]}"/><text x="{label_w + 106}" y="{legend_y}">'
+                   "backward</text>")
+        out.append(f'<rect x="{label_w + 190}" y="{legend_y - 10}" width="12" height="12" '
+                   f'fill="url(#dpmp-idle)"/><text x="{label_w + 206}" y="{legend_y}">'
+                   "idle (bubble)</text>")
+        out.append("</svg>")
+        return "".join(out)
+
+    def save(self, path: str) -> None:
+        """Write the SVG picture to `path`."""
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(self._repr_svg_())
+
+
+def timeline(schedule_or_run: Any, *, width: int | None = None) -> Timeline:
+    """Draw a pipeline step: `dl.viz.timeline(pp.one_f_one_b(4, 8))` (simulated time steps),
+    or `dl.viz.timeline(res)` for a launch whose ranks returned pp.run_schedule's
+    PipelineResult (measured, in ms from the first action). `width`: text columns of the time
+    axis.
+    """
+    from dpmp_lab.pp import PipelineResult, Schedule, measured_bubble
+
+    if isinstance(schedule_or_run, Schedule):
+        s = schedule_or_run
+        rows = [(f"stage {i}", spans) for i, spans in enumerate(s.spans)]
+        return Timeline(rows, unit="time steps", title=s.describe(), width=width)
+    results = list(getattr(schedule_or_run, "values", schedule_or_run))
+    if not results or not all(isinstance(r, PipelineResult) for r in results):
+        raise TypeError("dl.viz.timeline draws a pp.Schedule, or the PipelineResults of a run "
+                        "(a launch whose ranks return pp.run_schedule(...), or a list of them)")
+    results.sort(key=lambda r: (r.stage, r.rank))
+    t0 = min(s.start for r in results for s in r.spans)
+    rows = [(f"stage {r.stage} (rank {r.rank})",
+             [s._replace(start=(s.start - t0) * 1e3, end=(s.end - t0) * 1e3) for s in r.spans])
+            for r in results]
+    bubble = measured_bubble(results).overall
+    title = (f"{results[0].schedule}, measured: p={results[0].n_stages} stages, "
+             f"m={len(results[0].spans) // 2} micro-batches; bubble {bubble:.1%}")
+    return Timeline(rows, unit="ms", title=title, width=width)
