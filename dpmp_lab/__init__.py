@@ -7,7 +7,7 @@
     dl.check.comm(res, {...})             # grading: numbers and communication
 """
 
-from dpmp_lab import check, collectives, cost, models, pp, tp, viz
+from dpmp_lab import check, collectives, cost, dp, hybrid, models, pp, tp, viz
 from dpmp_lab.grid import GridLayout, ProcessGrid
 from dpmp_lab.launch import (
     LaunchError,
@@ -35,6 +35,8 @@ __all__ = [
     "collectives",
     "cost",
     "device",
+    "dp",
+    "hybrid",
     "launch",
     "load_ipython_extension",
     "models",

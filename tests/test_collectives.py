@@ -107,3 +107,37 @@ def test_memory_matches_the_zero_paper():
 def test_memory_bad_input(kwargs, words):
     with pytest.raises(ValueError, match=words):
         cost.memory(1e6, **kwargs)
+
+
+# -- the formulas against the bytes the reference implementations send ---------------------------
+
+
+def reference_traffic() -> dict:
+    from dpmp_lab import hybrid, models, pp, tp
+
+    grid = dl.ProcessGrid(tp=2)
+    cfg = hybrid.SMALL
+    b, s, d = 4, cfg.seq_len, cfg.d_model
+    mlp = tp.ParallelMLP.from_dense(models.MLP(d, cfg.d_ff), grid.tp_group)
+    x = torch.randn(b, s, d, requires_grad=True)
+    with dl.trace() as t_tp:
+        mlp(x).sum().backward()
+    line = dl.ProcessGrid(pp=2)
+    model = models.TinyGPT(cfg)
+    stage = pp.PipelineStage(pp.split_pieces(model.pieces(), 2)[line.pp_rank], line.pp_group,
+                             activation_shape=(b // 2, s, d))
+    idx, targets = models.token_batch(b, s, cfg.vocab_size)
+    with dl.trace() as t_pp:
+        pp.run_schedule("1f1b", stage, idx, targets, n_microbatches=2, loss_fn=models.lm_loss)
+    return {"tp": (t_tp.bytes("all_reduce", phase="forward"),
+                   t_tp.bytes("all_reduce", phase="backward")),
+            "pp": t_pp.bytes("send"), "shape": (b, s, d)}
+
+
+def test_tp_and_pp_formulas_equal_the_traced_bytes(warm):
+    res = dl.launch(reference_traffic, world_size=2, stream=False)
+    b, s, d = res[0]["shape"]
+    for r in res.values:
+        assert r["tp"] == (cost.tp_activation_bytes(b, s, d),) * 2
+    # 2 micro-batches of b/2: stage 0 sends 2 activations, stage 1 sends 2 gradients back
+    assert res[0]["pp"] == res[1]["pp"] == 2 * cost.pp_activation_bytes(b // 2, s, d)
