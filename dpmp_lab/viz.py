@@ -5,6 +5,8 @@ the notebook kernel before launching anything, and grader messages stay readable
 
     dl.viz.grid(dp=2, tp=2, pp=2)     # which ranks share which group
     dl.viz.comm(res.traces)           # collectives per op, group and phase, one column per rank
+    dl.viz.comm_chart(res)            # bytes per rank and group, as bars
+    dl.viz.timeline(pp.one_f_one_b(4, 8))   # a pipeline schedule or a measured run
 """
 
 from __future__ import annotations
@@ -110,6 +112,62 @@ def comm(traces: Sequence[Any] | Any, *, bytes: bool = False) -> Table:
              for i, t in enumerate(traces)]
     what = "bytes sent" if bytes else "calls"
     return Table(["op", "group", "phase", *ranks], rows, title=f"communication ({what})")
+
+
+class CommChart:
+    """Bytes each rank sent, per group: one bar per (rank, group), so it shows at a glance
+    which dimension of the grid carries the traffic (tp every layer, dp once per step)."""
+
+    def __init__(self, rows: list[tuple[str, str, int]]):
+        self.rows = rows                      # (rank label, group label, bytes)
+        self.top = max((b for _, _, b in rows), default=0)
+
+    def __str__(self) -> str:
+        if not self.rows:
+            return "no communication"
+        width = 40
+        who = max(len(r) for r, _, _ in self.rows)
+        group = max(len(g) for _, g, _ in self.rows)
+        lines = ["bytes sent per rank and group"]
+        for rank, g, b in self.rows:
+            bar = "#" * max(1, round(width * b / self.top)) if b else ""
+            lines.append(f"{rank.ljust(who)}  {g.ljust(group)}  {bar} {human_bytes(b)}")
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+    def _repr_svg_(self) -> str:
+        label_w, bar_w, row_h = 190, 380, 20
+        groups = sorted({g for _, g, _ in self.rows})
+        colour = {g: _PALETTE[i % len(_PALETTE)] for i, g in enumerate(groups)}
+        height = 24 + row_h * len(self.rows)
+        out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{label_w + bar_w + 90}" '
+               f'height="{height}" font-family="sans-serif" font-size="12">',
+               '<text x="4" y="14">bytes sent per rank and group</text>']
+        for i, (rank, g, b) in enumerate(self.rows):
+            y = 22 + i * row_h
+            w = bar_w * b / self.top if self.top else 0
+            out.append(f'<text x="4" y="{y + 13}">{html.escape(rank)}, {html.escape(g)}</text>')
+            out.append(f'<rect x="{label_w}" y="{y}" width="{w:.1f}" height="{row_h - 4}" '
+                       f'fill="{colour[g]}"/>')
+            out.append(f'<text x="{label_w + w + 4:.1f}" y="{y + 13}">{human_bytes(b)}</text>')
+        out.append("</svg>")
+        return "".join(out)
+
+
+def comm_chart(traces: Sequence[Any] | Any) -> CommChart:
+    """A bar per (rank, group): the bytes of every call the rank issued on that group."""
+    from dpmp_lab.trace import traces_of
+
+    rows = []
+    for i, t in enumerate(traces_of(traces)):
+        per_group: dict[str, int] = {}
+        for ev in t.events:
+            key = _cell(ev.group_label)
+            per_group[key] = per_group.get(key, 0) + ev.nbytes
+        rank = f"rank {t.rank}" if t.rank is not None else f"trace {i}"
+        rows += [(rank, g, b) for g, b in per_group.items()]
+    return CommChart(rows)
 
 
 # -- process grid ---------------------------------------------------------------------------------

@@ -113,7 +113,18 @@ def test_memory_bad_input(kwargs, words):
 
 
 def reference_traffic() -> dict:
-    from dpmp_lab import hybrid, models, pp, tp
+    from dpmp_lab import dp, hybrid, models, pp, tp
+
+    replica = dp.DataParallel(models.TinyMLP(), bucket_mb=0.001)
+    x, y = models.regression_batch(4)
+    with dl.trace() as t_dp:
+        torch.nn.functional.mse_loss(replica(x), y).backward()
+        replica.finish_gradient_sync()
+    n_params = sum(p.numel() for p in replica.parameters())
+    plain = models.TinyMLP()
+    zero = dp.ShardedOptimizer(plain.parameters())
+    torch.nn.functional.mse_loss(plain(x), y).backward()
+    zero.step()   # Adam creates its state at the first step
 
     grid = dl.ProcessGrid(tp=2)
     cfg = hybrid.SMALL
@@ -129,15 +140,23 @@ def reference_traffic() -> dict:
     idx, targets = models.token_batch(b, s, cfg.vocab_size)
     with dl.trace() as t_pp:
         pp.run_schedule("1f1b", stage, idx, targets, n_microbatches=2, loss_fn=models.lm_loss)
-    return {"tp": (t_tp.bytes("all_reduce", phase="forward"),
+    return {"dp": (t_dp.bytes("all_reduce"), n_params, t_dp.count("all_reduce")),
+            "zero": (zero.state_numel, zero.numel),
+            "tp": (t_tp.bytes("all_reduce", phase="forward"),
                    t_tp.bytes("all_reduce", phase="backward")),
             "pp": t_pp.bytes("send"), "shape": (b, s, d)}
 
 
-def test_tp_and_pp_formulas_equal_the_traced_bytes(warm):
+def test_dp_tp_pp_and_zero_formulas_equal_what_the_references_send_and_hold(warm):
     res = dl.launch(reference_traffic, world_size=2, stream=False)
     b, s, d = res[0]["shape"]
     for r in res.values:
+        traced, n_params, calls = r["dp"]
+        assert traced == cost.dp_gradient_bytes(n_params) and calls > 1   # in several buckets
+        # ZeRO-1 over 2 ranks: Adam's two fp32 states for half the (padded) parameters, each
+        state, numel = r["zero"]
+        expected = cost.memory(numel, dp=2, zero=1).optimizer
+        assert abs(4 * state - expected) <= 4 * 2   # + Adam's step counter
         assert r["tp"] == (cost.tp_activation_bytes(b, s, d),) * 2
     # 2 micro-batches of b/2: stage 0 sends 2 activations, stage 1 sends 2 gradients back
     assert res[0]["pp"] == res[1]["pp"] == 2 * cost.pp_activation_bytes(b // 2, s, d)

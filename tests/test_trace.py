@@ -293,3 +293,13 @@ def test_tracing_leaves_the_dispatcher_as_it_was():
             assert "BackendSelect: registered" in python_kernels()
         assert "BackendSelect: registered" in python_kernels()   # outer still active
     assert python_kernels() == before and outer.events == []
+
+
+def test_comm_chart_shows_bytes_per_rank_and_group(warm):
+    res = dl.launch(traced_work, 2, world_size=2, trace=True, stream=False)
+    chart = dl.viz.comm_chart(res)
+    text = str(chart)
+    assert "rank 1  (0,1)" in text and "20 B" in text   # 2 all-reduces of 8 B + 4 B broadcast
+    svg = chart._repr_svg_()
+    assert svg.startswith("<svg") and "rank 0, (0,1)" in svg
+    assert str(dl.viz.comm_chart(dl.Trace())) == "no communication"
