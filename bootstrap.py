@@ -128,7 +128,7 @@ def main(argv: list[str]) -> int:
             os.execv(cmd[0], cmd)
         return run(cmd)
     say("ruff")
-    code = run([str(python), "-m", "ruff", "check", "dpmp_lab", "tests", "benchmarks",
+    code = run([str(python), "-m", "ruff", "check", "dpmp_lab", "tests", "benchmarks", "tools",
                 "bootstrap.py"])
     if code:
         return code

@@ -1,4 +1,5 @@
-"""The `dpmp-lab` command: `doctor` checks this machine, `lab` opens the course in JupyterLab."""
+"""The `dpmp-lab` command: `doctor` checks this machine, `lab` opens the course in JupyterLab,
+`release` regenerates course/ from solutions/, `grade` autogrades submissions (nbgrader)."""
 
 from __future__ import annotations
 
@@ -67,6 +68,23 @@ def lab(args: argparse.Namespace) -> int:
     return 0  # not reached
 
 
+def release(args: argparse.Namespace) -> int:
+    """Regenerate the learners' notebooks in course/ from the instructor's in solutions/."""
+    from dpmp_lab import course
+
+    for name in course.release(args.names or None):
+        print(f"course/{name} regenerated from solutions/{name}")
+    return 0
+
+
+def grade(args: argparse.Namespace) -> int:
+    """Autograde submitted/*/<assignment> and write feedback/ (nbgrader)."""
+    from dpmp_lab import course
+
+    course.grade(args.assignment)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="dpmp-lab", description=__doc__,
@@ -81,6 +99,12 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("lab", help="open the course in JupyterLab")
     p.add_argument("--dir", default=None, help="folder to open (default: the course)")
     p.set_defaults(func=lab)
+    p = sub.add_parser("release", help="regenerate course/ from solutions/ (nbgrader)")
+    p.add_argument("names", nargs="*", help="assignments (default: all)")
+    p.set_defaults(func=release)
+    p = sub.add_parser("grade", help="autograde submitted/*/ASSIGNMENT, write feedback/")
+    p.add_argument("assignment")
+    p.set_defaults(func=grade)
     args, extra = parser.parse_known_args(argv)
     if extra and args.func is not lab:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")

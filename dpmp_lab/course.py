@@ -1,0 +1,72 @@
+"""The nbgrader course: solutions/ (instructor notebooks) -> course/ (what learners open).
+
+    dpmp-lab release                     # regenerate every course/NN_name from solutions/
+    dpmp-lab grade 02_data_parallel      # autograde submitted/*/02_data_parallel + feedback
+
+Thin wrappers over nbgrader's own commands, run from the checkout's root where
+nbgrader_config.py says where things live, so instructors can equally call nbgrader directly.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ASSIGNMENT = re.compile(r"\d\d_[a-z0-9_]+")
+
+
+def repo_root() -> Path:
+    """The checkout this package runs from (the folder holding solutions/ and course/)."""
+    root = Path(__file__).resolve().parent.parent
+    if not (root / "solutions").is_dir():
+        raise RuntimeError(f"no solutions/ folder next to dpmp_lab in {root}: the course "
+                           "commands need a checkout of the project, not an installed wheel")
+    return root
+
+
+def assignments(root: Path | None = None) -> list[str]:
+    """The assignment names in solutions/, in course order: ['00_launch', '01_...', ...]."""
+    root = root or repo_root()
+    return sorted(p.name for p in (root / "solutions").iterdir()
+                  if p.is_dir() and ASSIGNMENT.fullmatch(p.name))
+
+
+def nbgrader(*args: str, root: Path | None = None, check: bool = True,
+             capture: bool = False) -> subprocess.CompletedProcess:
+    """Run `nbgrader args...` in the course root with this Python's tools on PATH (nbgrader
+    calls helper programs such as alembic by name)."""
+    root = root or repo_root()
+    env = dict(os.environ)
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    return subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=root, env=env,
+                          check=check, text=True, capture_output=capture)
+
+
+def release(names: list[str] | None = None, *, root: Path | None = None,
+            into: str | None = None) -> list[str]:
+    """Regenerate course/NN_name (or into/NN_name) from solutions/ for each assignment.
+
+    Without `into` the gradebook records the assignments too, as `nbgrader generate_assignment`
+    does; with it (a scratch folder, e.g. to compare against course/) nothing is recorded.
+    """
+    root = root or repo_root()
+    names = names or assignments(root)
+    unknown = sorted(set(names) - set(assignments(root)))
+    if unknown:
+        raise ValueError(f"no such assignment in solutions/: {', '.join(unknown)}")
+    for name in names:
+        extra = ["--no-db", f"--CourseDirectory.release_directory={into}"] if into else []
+        nbgrader("generate_assignment", name, "--force", *extra, root=root, capture=True)
+    return names
+
+
+def grade(name: str, *, root: Path | None = None) -> None:
+    """Autograde every submission of `name` in submitted/ and write feedback/ HTML."""
+    root = root or repo_root()
+    if name not in assignments(root):
+        raise ValueError(f"no such assignment in solutions/: {name}")
+    nbgrader("autograde", name, "--create", root=root)
+    nbgrader("generate_feedback", name, "--force", root=root)

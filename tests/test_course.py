@@ -1,0 +1,179 @@
+"""The course: solution notebooks run, course/ matches solutions/, and nbgrader's real round trip
+gives the solutions full marks, the blank release zero, and every wrong answer in
+tests/course_variants/ exactly the points it should lose."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from dpmp_lab import course
+
+from .conftest import ROOT, stray_processes
+
+ASSIGNMENTS = course.assignments(ROOT)
+VARIANTS_DIR = ROOT / "tests" / "course_variants"
+
+
+def variants(name: str) -> list[dict]:
+    path = VARIANTS_DIR / f"{name}.py"
+    if not path.exists():
+        return []
+    spec = importlib.util.spec_from_file_location(f"variants_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.VARIANTS
+
+
+def source_notebook(name: str) -> nbformat.NotebookNode:
+    return nbformat.read(ROOT / "solutions" / name / f"{name}.ipynb", as_version=4)
+
+
+def cells_by_kind(nb: nbformat.NotebookNode, kind: str) -> list[str]:
+    return [c.metadata["nbgrader"]["grade_id"] for c in nb.cells
+            if c.metadata.get("nbgrader", {}).get(kind)]
+
+
+def test_there_are_assignments():
+    assert ASSIGNMENTS[:1] == ["00_launch"]
+
+
+# -- the instructor notebooks -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ASSIGNMENTS)
+def test_solution_notebook_runs_with_every_hidden_test_passing(name):
+    nb = source_notebook(name)
+    NotebookClient(nb, timeout=600, kernel_name="python3",
+                   resources={"metadata": {"path": str(ROOT / "solutions" / name)}}).execute()
+    assert stray_processes() == []
+
+
+@pytest.mark.parametrize("name", ASSIGNMENTS)
+def test_notebooks_are_committed_without_outputs(name):
+    for folder in ("solutions", "course"):
+        nb = nbformat.read(ROOT / folder / name / f"{name}.ipynb", as_version=4)
+        assert all(not c.get("outputs") and not c.get("execution_count")
+                   for c in nb.cells if c.cell_type == "code"), f"{folder}/{name} has outputs"
+
+
+@pytest.mark.parametrize("name", ASSIGNMENTS)
+def test_every_graded_cell_is_proven_to_fail_on_a_wrong_answer(name):
+    graded = set(cells_by_kind(source_notebook(name), "grade"))
+    assert graded, f"{name} has no graded cell"
+    caught = {cell for v in variants(name) for cell in v["loses"]}
+    assert graded <= caught, f"no broken variant of {name} loses {sorted(graded - caught)}"
+    assert caught <= graded, f"variants name cells that are not graded: {caught - graded}"
+
+
+# -- the release is what nbgrader makes of the solutions ---------------------------------------
+
+
+def _comparable(path: Path) -> dict:
+    nb = json.loads(path.read_text())
+    nb.get("metadata", {}).pop("language_info", None)
+    return nb
+
+
+def test_course_folder_is_current(tmp_path):
+    course.release(root=ROOT, into=str(tmp_path))
+    for name in ASSIGNMENTS:
+        fresh, committed = tmp_path / name, ROOT / "course" / name
+        files = sorted(p.relative_to(fresh) for p in fresh.rglob("*") if p.is_file())
+        assert files == sorted(p.relative_to(committed) for p in committed.rglob("*")
+                               if p.is_file()), f"course/{name} has other files than solutions/"
+        for rel in files:
+            if rel.suffix == ".ipynb":
+                assert _comparable(fresh / rel) == _comparable(committed / rel), (
+                    f"course/{name}/{rel} is stale: run `dpmp-lab release {name}`")
+            else:
+                assert (fresh / rel).read_bytes() == (committed / rel).read_bytes()
+
+
+# -- the nbgrader round trip ----------------------------------------------------------------------
+
+
+def _submit(root: Path, student: str, name: str, nb: nbformat.NotebookNode) -> None:
+    folder = root / "submitted" / student / name
+    folder.mkdir(parents=True)
+    nbformat.write(nb, folder / f"{name}.ipynb")
+
+
+def _with_replacements(nb: nbformat.NotebookNode, replace: dict[str, str]) -> nbformat.NotebookNode:
+    nb = copy.deepcopy(nb)
+    solutions = set(cells_by_kind(nb, "solution"))
+    unknown = set(replace) - solutions
+    assert not unknown, f"variants replace cells that are not solution cells: {unknown}"
+    for cell in nb.cells:
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if grade_id in replace:
+            cell.source = replace[grade_id].strip()
+    return nb
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory) -> dict:
+    """Scores per (assignment, student, graded cell), after a real nbgrader round trip."""
+    from nbgrader.api import Gradebook
+
+    root = tmp_path_factory.mktemp("course_root")
+    shutil.copy(ROOT / "nbgrader_config.py", root)
+    shutil.copytree(ROOT / "solutions", root / "solutions")
+    scores: dict = {}
+    for name in ASSIGNMENTS:
+        course.nbgrader("generate_assignment", name, "--force", root=root, capture=True)
+        released = nbformat.read(root / "course" / name / f"{name}.ipynb", as_version=4)
+        _submit(root, "solution", name, source_notebook(name))
+        _submit(root, "release", name, released)
+        for i, variant in enumerate(variants(name)):
+            _submit(root, f"variant{i:02d}", name,
+                    _with_replacements(source_notebook(name), variant["replace"]))
+        course.nbgrader("autograde", name, "--create", root=root, capture=True)
+        course.nbgrader("generate_feedback", name, "--force", root=root, capture=True)
+        with Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gb:
+            for sub in gb.assignment_submissions(name):
+                for notebook in sub.notebooks:
+                    scores[(name, sub.student_id)] = {g.name: (g.score, g.max_score)
+                                                      for g in notebook.grades}
+    assert stray_processes() == []
+    return {"scores": scores, "root": root}
+
+
+@pytest.mark.parametrize("name", ASSIGNMENTS)
+def test_solutions_get_full_marks(graded, name):
+    cells = graded["scores"][(name, "solution")]
+    assert cells and all(score == top for score, top in cells.values()), cells
+
+
+@pytest.mark.parametrize("name", ASSIGNMENTS)
+def test_unmodified_release_gets_zero_on_every_graded_cell(graded, name):
+    cells = graded["scores"][(name, "release")]
+    assert cells and all(score == 0 for score, _ in cells.values()), cells
+
+
+@pytest.mark.parametrize("name", ASSIGNMENTS)
+def test_each_wrong_answer_loses_exactly_its_cells(graded, name):
+    for i, variant in enumerate(variants(name)):
+        cells = graded["scores"][(name, f"variant{i:02d}")]
+        lost = {cell for cell, (score, top) in cells.items() if score < top}
+        assert lost == set(variant["loses"]), (
+            f"{name}, variant {variant['name']!r}: lost {sorted(lost)}, expected to lose "
+            f"{sorted(variant['loses'])}")
+
+
+@pytest.mark.parametrize("name", ASSIGNMENTS)
+def test_feedback_is_generated_and_explains_the_mistake(graded, name):
+    root = graded["root"]
+    for i, _ in enumerate(variants(name)):
+        page = root / "feedback" / f"variant{i:02d}" / name / f"{name}.html"
+        assert page.exists(), f"no feedback for {name} variant {i}"
+    pages = [(root / "feedback" / f"variant{i:02d}" / name / f"{name}.html").read_text()
+             for i, _ in enumerate(variants(name))]
+    assert any("Likely mistake" in p or "expected" in p for p in pages)
