@@ -8,6 +8,7 @@
 """
 
 from dpmp_lab import check, collectives, cost, dp, hybrid, models, pp, tp, viz
+from dpmp_lab.compat import provide_new_collective_names
 from dpmp_lab.grid import GridLayout, ProcessGrid
 from dpmp_lab.launch import (
     LaunchError,
@@ -19,6 +20,8 @@ from dpmp_lab.launch import (
 )
 from dpmp_lab.trace import CommEvent, Trace, name_group, trace
 from dpmp_lab.worker import device, rank, world_size
+
+provide_new_collective_names()   # torch 2.13's all_gather_single etc. on older torch too
 
 __version__ = "0.1.0"
 

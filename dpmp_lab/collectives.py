@@ -95,9 +95,9 @@ def all_reduce_by_halves(x: torch.Tensor, group: dist.ProcessGroup | None = None
     if flat.numel() % n:
         raise ValueError(f"{flat.numel()} elements do not split evenly over {n} ranks: pad x")
     part = flat.new_empty(flat.numel() // n)
-    dist.reduce_scatter_tensor(part, flat, group=group)
+    dist.reduce_scatter_single(part, flat, group=group)
     out = flat.new_empty(flat.numel())
-    dist.all_gather_into_tensor(out, part, group=group)
+    dist.all_gather_single(out, part, group=group)
     return out.view(x.shape)
 
 

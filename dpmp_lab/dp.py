@@ -87,7 +87,7 @@ def _check_same_everywhere(tensors: list[torch.Tensor], group: dist.ProcessGroup
                         device=tensors[0].device)
     size = dist.get_world_size(group)
     everyone = torch.empty(size * mine.numel(), dtype=torch.int64, device=mine.device)
-    dist.all_gather_into_tensor(everyone, mine, group=group)
+    dist.all_gather_single(everyone, mine, group=group)
     rows = everyone.view(size, -1).tolist()
     ranks = dist.get_process_group_ranks(group)
     odd = [(ranks[i], row) for i, row in enumerate(rows) if row != rows[0]]
@@ -428,11 +428,11 @@ class ShardedOptimizer:
         with torch.no_grad():
             self._pack(self._flat_grads, [p.grad for p in self.params])
             shard_grad = torch.empty_like(self.shard)
-            dist.reduce_scatter_tensor(shard_grad, self._flat_grads, op=dist.ReduceOp.SUM,
+            dist.reduce_scatter_single(shard_grad, self._flat_grads, op=dist.ReduceOp.SUM,
                                        group=self.group)
             self.shard.grad = shard_grad.div_(self.group_size)
             self.optimizer.step()
-            dist.all_gather_into_tensor(self._flat_params, self.shard.detach(),
+            dist.all_gather_single(self._flat_params, self.shard.detach(),
                                         group=self.group)
             self._unpack_params()
         return loss

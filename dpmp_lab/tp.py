@@ -110,7 +110,7 @@ def _all_gather(x: torch.Tensor, group: dist.ProcessGroup, dim: int) -> torch.Te
     # all_gather_into_tensor concatenates along dim 0, so bring `dim` to the front and back
     front = x.movedim(dim, 0).contiguous()
     out = front.new_empty((_tp_size(group) * front.shape[0], *front.shape[1:]))
-    dist.all_gather_into_tensor(out, front, group=group)
+    dist.all_gather_single(out, front, group=group)
     return out.movedim(0, dim).contiguous()
 
 
@@ -118,7 +118,7 @@ def _reduce_scatter(x: torch.Tensor, group: dist.ProcessGroup, dim: int) -> torc
     front = x.movedim(dim, 0).contiguous()
     size = _check_divisible(front.shape[0], _tp_size(group), f"size of dim {dim}")
     out = front.new_empty((size, *front.shape[1:]))
-    dist.reduce_scatter_tensor(out, front, group=group)
+    dist.reduce_scatter_single(out, front, group=group)
     return out.movedim(0, dim).contiguous()
 
 
