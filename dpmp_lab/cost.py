@@ -114,6 +114,8 @@ class Memory:
     def __str__(self) -> str:
         return str(self.table())
 
+    __repr__ = __str__
+
     def _repr_html_(self) -> str:
         return self.table()._repr_html_()
 

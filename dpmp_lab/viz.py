@@ -110,7 +110,7 @@ def comm(traces: Sequence[Any] | Any, *, bytes: bool = False) -> Table:
         rows.append(row)
     ranks = [f"rank {t.rank}" if t.rank is not None else f"trace {i}"
              for i, t in enumerate(traces)]
-    what = "bytes sent" if bytes else "calls"
+    what = "payload bytes" if bytes else "calls"
     return Table(["op", "group", "phase", *ranks], rows, title=f"communication ({what})")
 
 

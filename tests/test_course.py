@@ -118,32 +118,43 @@ def _with_replacements(nb: nbformat.NotebookNode, replace: dict[str, str]) -> nb
     return nb
 
 
+def _round_trip(root: Path, name: str) -> dict:
+    """Release, submit (solution, blank release, every variant), autograde, feedback: in a
+    scratch course of its own, so that assignments can be graded side by side."""
+    from nbgrader.api import Gradebook
+
+    root.mkdir()
+    shutil.copy(ROOT / "nbgrader_config.py", root)
+    shutil.copytree(ROOT / "solutions" / name, root / "solutions" / name)
+    course.nbgrader("generate_assignment", name, "--force", root=root, capture=True)
+    released = nbformat.read(root / "course" / name / f"{name}.ipynb", as_version=4)
+    _submit(root, "solution", name, source_notebook(name))
+    _submit(root, "release", name, released)
+    for i, variant in enumerate(variants(name)):
+        _submit(root, f"variant{i:02d}", name,
+                _with_replacements(source_notebook(name), variant["replace"]))
+    course.nbgrader("autograde", name, "--create", root=root, capture=True)
+    course.nbgrader("generate_feedback", name, "--force", root=root, capture=True)
+    scores = {}
+    with Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gb:
+        for sub in gb.assignment_submissions(name):
+            for notebook in sub.notebooks:
+                scores[(name, sub.student_id)] = {g.name: (g.score, g.max_score)
+                                                  for g in notebook.grades}
+    return scores
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory) -> dict:
     """Scores per (assignment, student, graded cell), after a real nbgrader round trip."""
-    from nbgrader.api import Gradebook
+    from concurrent.futures import ThreadPoolExecutor
 
-    root = tmp_path_factory.mktemp("course_root")
-    shutil.copy(ROOT / "nbgrader_config.py", root)
-    shutil.copytree(ROOT / "solutions", root / "solutions")
-    scores: dict = {}
-    for name in ASSIGNMENTS:
-        course.nbgrader("generate_assignment", name, "--force", root=root, capture=True)
-        released = nbformat.read(root / "course" / name / f"{name}.ipynb", as_version=4)
-        _submit(root, "solution", name, source_notebook(name))
-        _submit(root, "release", name, released)
-        for i, variant in enumerate(variants(name)):
-            _submit(root, f"variant{i:02d}", name,
-                    _with_replacements(source_notebook(name), variant["replace"]))
-        course.nbgrader("autograde", name, "--create", root=root, capture=True)
-        course.nbgrader("generate_feedback", name, "--force", root=root, capture=True)
-        with Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gb:
-            for sub in gb.assignment_submissions(name):
-                for notebook in sub.notebooks:
-                    scores[(name, sub.student_id)] = {g.name: (g.score, g.max_score)
-                                                      for g in notebook.grades}
+    base = tmp_path_factory.mktemp("courses")
+    with ThreadPoolExecutor(max_workers=2) as pool:   # each grading waits on its kernels
+        results = list(pool.map(lambda name: _round_trip(base / name, name), ASSIGNMENTS))
+    scores = {k: v for result in results for k, v in result.items()}
     assert stray_processes() == []
-    return {"scores": scores, "root": root}
+    return {"scores": scores, "roots": {name: base / name for name in ASSIGNMENTS}}
 
 
 @pytest.mark.parametrize("name", ASSIGNMENTS)
@@ -170,7 +181,7 @@ def test_each_wrong_answer_loses_exactly_its_cells(graded, name):
 
 @pytest.mark.parametrize("name", ASSIGNMENTS)
 def test_feedback_is_generated_and_explains_the_mistake(graded, name):
-    root = graded["root"]
+    root = graded["roots"][name]
     for i, _ in enumerate(variants(name)):
         page = root / "feedback" / f"variant{i:02d}" / name / f"{name}.html"
         assert page.exists(), f"no feedback for {name} variant {i}"
