@@ -128,7 +128,7 @@ class CommChart:
         width = 40
         who = max(len(r) for r, _, _ in self.rows)
         group = max(len(g) for _, g, _ in self.rows)
-        lines = ["bytes sent per rank and group"]
+        lines = ["payload bytes per rank and group"]
         for rank, g, b in self.rows:
             bar = "#" * max(1, round(width * b / self.top)) if b else ""
             lines.append(f"{rank.ljust(who)}  {g.ljust(group)}  {bar} {human_bytes(b)}")
@@ -143,7 +143,7 @@ class CommChart:
         height = 24 + row_h * len(self.rows)
         out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{label_w + bar_w + 90}" '
                f'height="{height}" font-family="sans-serif" font-size="12">',
-               '<text x="4" y="14">bytes sent per rank and group</text>']
+               '<text x="4" y="14">payload bytes per rank and group</text>']
         for i, (rank, g, b) in enumerate(self.rows):
             y = 22 + i * row_h
             w = bar_w * b / self.top if self.top else 0
