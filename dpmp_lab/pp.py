@@ -436,8 +436,13 @@ class PipelineStage:
 
 
 class _Pending(NamedTuple):
+    """An isend in flight: wait() before reusing or dropping what was sent."""
+
     work: Any
     tensor: torch.Tensor   # kept alive until the send completes
+
+    def wait(self) -> None:
+        self.work.wait()
 
 
 @dataclass

@@ -1,0 +1,192 @@
+"""Wrong answers to 04_pipeline, and the graded cells each must lose (all others keep points).
+
+Most variants are the solution cell with one mistake written in, as an exact edit of the
+solution notebook's own source, so they follow the notebook as it changes; an edit that no
+longer matches is an error when this module is imported, never a variant that tests nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+NOTEBOOK = Path(__file__).resolve().parents[2] / "solutions" / "04_pipeline" / "04_pipeline.ipynb"
+
+
+def _solutions() -> dict[str, str]:
+    out = {}
+    for cell in json.loads(NOTEBOOK.read_text(encoding="utf-8"))["cells"]:
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if meta.get("solution"):
+            src = cell["source"]
+            out[meta["grade_id"]] = src if isinstance(src, str) else "".join(src)
+    return out
+
+
+_SOURCES = _solutions()
+
+
+def _edit(grade_id: str, *edits: tuple[str, str]) -> dict[str, str]:
+    """{grade_id: its solution with each (old, new) applied}; every old must occur exactly once."""
+    src = _SOURCES[grade_id]
+    for old, new in edits:
+        if src.count(old) != 1:
+            raise ValueError(f"edit of {grade_id!r} matches the notebook {src.count(old)} times, "
+                             f"not once: {old!r}")
+        src = src.replace(old, new)
+    return {grade_id: src}
+
+
+# -- Exercise 1: the naive pipeline by hand --------------------------------------------------
+
+FORGETS_REQUIRES_GRAD = _edit("naive", ("        inp.requires_grad_()\n", ""))
+
+PASSES_THE_RECEIVED_GRADIENT_ON = _edit(
+    "naive",
+    ("        out.backward(grad)\n    if rank > 0:\n        dist.send(inp.grad, dst=rank - 1)",
+     "        out.backward(grad)\n    if rank > 0:\n"
+     "        dist.send(inp.grad if rank == p - 1 else grad, dst=rank - 1)"))
+
+BROADCASTS_THE_LOSS = _edit(
+    "naive",
+    ("        dist.send(inp.grad, dst=rank - 1)\n",
+     "        dist.send(inp.grad, dst=rank - 1)\n"
+     "    value = torch.tensor([loss.item() if loss is not None else 0.0], dtype=torch.float64)\n"
+     "    dist.broadcast(value, src=p - 1)     # every rank wants to print the loss\n"))
+
+# -- Exercise 2: schedule tables ------------------------------------------------------------
+
+GPIPE_INTERLEAVED = _edit(
+    "gpipe_table",
+    ('    row = [f"F{j}" for j in range(m)] + [f"B{j}" for j in range(m)]',
+     '    row = [f"{k}{j}" for j in range(m) for k in "FB"]'))
+
+WARMUP_OFF_BY_ONE = _edit("one_f_one_b_table",
+                          ("warmup = min(p - s - 1, m)", "warmup = min(p - s, m)"))
+
+WARMUP_NOT_CAPPED_AT_M = _edit("one_f_one_b_table",
+                               ("warmup = min(p - s - 1, m)", "warmup = p - s - 1"))
+
+# -- Exercise 3: the runner -----------------------------------------------------------------
+
+LOSS_NOT_DIVIDED_BY_M = _edit("runner", ("                out = loss / m\n",
+                                         "                out = loss\n"))
+
+BLOCKING_SENDS = _edit(
+    "runner",
+    ("                pending.append(stage.send_activation(out, j))",
+     "                dist.send(out.detach(), dst=stage.next_rank, tag=j)"),
+    ("                pending.append(stage.send_grad(inp.grad, j))",
+     "                dist.send(inp.grad, dst=stage.prev_rank, tag=j)"))
+
+IGNORES_THE_ROW_ORDER = _edit(
+    "runner",
+    ("    for action in actions:\n",
+     "    gpipe_order = sorted(actions, key=lambda a: (a[0] == \"B\", int(a[1:])))\n"
+     "    for action in gpipe_order:\n"))
+
+ALL_REDUCES_THE_LOSSES = _edit(
+    "runner",
+    ("    for handle in pending:\n",
+     "    shared = torch.tensor(losses if losses else [0.0] * m, dtype=torch.float64)\n"
+     "    dist.all_reduce(shared)               # so that every stage knows the losses\n"
+     "    for handle in pending:\n"))
+
+# -- Exercise 4: activation memory ----------------------------------------------------------
+
+COUNTS_FORWARDS_ONLY = {"peak": '''
+def peak_in_flight(row):
+    """Most micro-batches whose forward is done and backward not yet, at any point of row."""
+    return sum(1 for action in row if action.startswith("F"))
+'''}
+
+# -- Exercise 5: DP x PP --------------------------------------------------------------------
+
+SUM_NOT_AVERAGE = _edit("dp_pp", ("        flat /= grid.dp\n", ""))
+
+SYNC_EVERY_MICROBATCH = {"dp_pp": '''
+def dp_pp_step(grid, module, x, y, m):
+    """Right numbers, but the gradients are all-reduced after every micro-batch."""
+    stage = dl.pp.PipelineStage(module, grid.pp_group,
+                                activation_shape=(x.shape[0] // m, HIDDEN))
+    params = [q for q in module.parameters() if q.requires_grad]
+    for xj, yj in zip(x.chunk(m), y.chunk(m)):
+        before = [torch.zeros_like(q) if q.grad is None else q.grad.clone() for q in params]
+        dl.pp.run_schedule("1f1b", stage, xj, yj, n_microbatches=1,
+                           loss_fn=lambda out, target: F.mse_loss(out, target) / m)
+        new = torch.cat([(q.grad - b).reshape(-1) for q, b in zip(params, before)])
+        dist.all_reduce(new, group=grid.dp_group)
+        new /= grid.dp
+        offset = 0
+        for q, b in zip(params, before):
+            q.grad.copy_(b + new[offset:offset + q.numel()].view_as(q))
+            offset += q.numel()
+'''}
+
+ONE_ALL_REDUCE_PER_PARAMETER = {"dp_pp": '''
+def dp_pp_step(grid, module, x, y, m):
+    """Right numbers, one all-reduce per parameter tensor instead of one flat one."""
+    stage = dl.pp.PipelineStage(module, grid.pp_group,
+                                activation_shape=(x.shape[0] // m, HIDDEN))
+    params = [q for q in module.parameters() if q.requires_grad]
+
+    def average_over_replicas():
+        for q in params:
+            dist.all_reduce(q.grad, group=grid.dp_group)
+            q.grad /= grid.dp
+
+    dl.pp.run_schedule("1f1b", stage, x, y, n_microbatches=m, loss_fn=F.mse_loss,
+                       after_last_backward=average_over_replicas)
+'''}
+
+ALL_REDUCE_OVER_EVERY_RANK = _edit(
+    "dp_pp", ("        dist.all_reduce(flat, group=grid.dp_group)",
+              "        dist.all_reduce(flat)"))
+
+# -- recall ----------------------------------------------------------------------------------
+
+WRONG_RECALL = {"recall": '''
+q_all_busy = True
+q_bubble = 3 / 8
+q_more_microbatches = "a"
+q_memory = (8, 8)
+q_traffic = "a"
+q_dp_sync = "a"
+'''}
+
+VARIANTS = [
+    {"name": "received activation without requires_grad: no gradient to send back",
+     "replace": FORGETS_REQUIRES_GRAD, "loses": ["naive_tests", "naive_comm_tests"]},
+    {"name": "a middle stage passes on the gradient it received, as if it were the identity",
+     "replace": PASSES_THE_RECEIVED_GRADIENT_ON, "loses": ["naive_tests"]},
+    {"name": "right numbers, plus a broadcast of the loss",
+     "replace": BROADCASTS_THE_LOSS, "loses": ["naive_comm_tests"]},
+    {"name": "GPipe table interleaves F and B (that is the naive schedule)",
+     "replace": GPIPE_INTERLEAVED, "loses": ["gpipe_tests"]},
+    {"name": "1F1B warm-up one forward too long",
+     "replace": WARMUP_OFF_BY_ONE, "loses": ["one_f_one_b_tests"]},
+    {"name": "1F1B warm-up not capped at m (breaks only when m < p)",
+     "replace": WARMUP_NOT_CAPPED_AT_M, "loses": ["one_f_one_b_tests"]},
+    {"name": "runner: micro-batch loss not divided by m",
+     "replace": LOSS_NOT_DIVIDED_BY_M, "loses": ["runner_tests"]},
+    {"name": "runner: blocking sends deadlock in 1F1B's steady state",
+     "replace": BLOCKING_SENDS, "loses": ["runner_tests", "runner_comm_tests"]},
+    {"name": "runner: right numbers, but runs every row in GPipe order",
+     "replace": IGNORES_THE_ROW_ORDER, "loses": ["runner_comm_tests"]},
+    {"name": "runner: right numbers, plus an all-reduce of the losses",
+     "replace": ALL_REDUCES_THE_LOSSES, "loses": ["runner_comm_tests"]},
+    {"name": "peak activations: counts every forward, ignores the backwards",
+     "replace": COUNTS_FORWARDS_ONLY, "loses": ["peak_tests"]},
+    {"name": "DP x PP: sum over the replicas instead of the average",
+     "replace": SUM_NOT_AVERAGE, "loses": ["dp_pp_tests"]},
+    {"name": "DP x PP: right numbers, synced after every micro-batch",
+     "replace": SYNC_EVERY_MICROBATCH, "loses": ["dp_pp_comm_tests"]},
+    {"name": "DP x PP: right numbers, one all-reduce per parameter",
+     "replace": ONE_ALL_REDUCE_PER_PARAMETER, "loses": ["dp_pp_comm_tests"]},
+    {"name": "DP x PP: all-reduce over every rank instead of the dp group",
+     "replace": ALL_REDUCE_OVER_EVERY_RANK, "loses": ["dp_pp_tests", "dp_pp_comm_tests"]},
+    {"name": "every recall answer wrong",
+     "replace": WRONG_RECALL,
+     "loses": ["recall_all_busy", "recall_bubble", "recall_more_microbatches", "recall_memory",
+               "recall_traffic", "recall_dp_sync"]},
+]
