@@ -70,9 +70,16 @@ def compare(values: Sequence[Any], expected: Any, *, rtol: float | None = None,
         raise CheckFailed(_numbers_report(failures, len(values)))
 
 
+_REPLICA_HINT = ("the ranks started from different weights (broadcast from rank 0 missing) or "
+                 "stepped with different gradients (gradients not averaged over the group).")
+
+
 def same_on_all_ranks(values: Sequence[Any], names: Iterable[str] | None = None, *,
-                      rtol: float = 0.0, atol: float = 0.0) -> None:
-    """Assert every rank holds the same tensors (data-parallel replicas must stay identical)."""
+                      rtol: float = 0.0, atol: float = 0.0, hint: str = _REPLICA_HINT) -> None:
+    """Assert every rank holds the same tensors (data-parallel replicas must stay identical).
+
+    `hint`: the likely mistake to name when they differ (default: about weights and
+    gradients of data-parallel replicas)."""
     maps = [_as_mapping(v) for v in values]
     for name in (list(names) if names is not None else list(maps[0])):
         first = torch.as_tensor(maps[0][name]).detach().cpu().double()
@@ -91,9 +98,7 @@ def same_on_all_ranks(values: Sequence[Any], names: Iterable[str] | None = None,
                        f"{mine[where].item():.6g}, rank 0 has {first[where].item():.6g})")
             raise CheckFailed(
                 f"On rank {rank}, {name!r} {how}. Replicas must stay identical.\n"
-                "Likely mistake: the ranks started from different weights (broadcast from rank "
-                "0 missing) or stepped with different gradients (gradients not averaged over "
-                "the group).")
+                f"Likely mistake: {hint}")
 
 
 def grads(module: torch.nn.Module, prefix: str = "grad ") -> dict[str, torch.Tensor | None]:
@@ -110,8 +115,8 @@ def against_reference(fn: Callable[..., Any], reference: Callable[..., Any], *ar
                       world_size: int = 4, expected_on_rank: Callable[[int, Any], Any] | None
                       = None, dtype: torch.dtype | None = None, rtol: float | None = None,
                       atol: float | None = None, comm: Mapping | Callable | None = None,
-                      comm_hints: Mapping | None = None, trace: bool = False,
-                      timeout: float = 60.0, **kwargs: Any) -> Any:
+                      comm_hints: Mapping | None = None, n_params: int | None = None,
+                      trace: bool = False, timeout: float = 60.0, **kwargs: Any) -> Any:
     """Run `fn(*args, **kwargs)` on `world_size` ranks and `reference(*args, **kwargs)` once in
     this process, and check that every rank's result matches.
 
@@ -120,7 +125,8 @@ def against_reference(fn: Callable[..., Any], reference: Callable[..., Any], *ar
     what rank `rank` should hold (default: all of ref, as in data parallel). dtype=float64
     runs both in double precision with tolerance 1e-10 (for TP/PP, where the order of a sum
     changes); the default fp32 tolerance is rtol=1e-5, atol=1e-6. comm: also assert the
-    communication every rank issued, as in check.comm(). Returns the LaunchResult.
+    communication every rank issued, as in check.comm() (with comm_hints and n_params).
+    Returns the LaunchResult.
     """
     from dpmp_lab.launch import launch
 
@@ -135,7 +141,7 @@ def against_reference(fn: Callable[..., Any], reference: Callable[..., Any], *ar
         expected = [expected_on_rank(r, ref) for r in range(world_size)]
     compare(res.values, expected, rtol=rtol, atol=atol, dtype=dtype)
     if comm is not None:
-        _check_comm(res, comm, hints=comm_hints)
+        _check_comm(res, comm, hints=comm_hints, n_params=n_params)
     return res
 
 
@@ -399,9 +405,9 @@ def _comm_hints(rows: list[_Row], hints: Mapping, n_params: int | None) -> list[
         if not row.wrong or row.key is None:
             continue
         op, group, phase = row.key
-        if row.key in custom:
+        if row.key in custom:   # the exercise's own words first, then ours below
             out.append(custom[row.key])
-        elif n_params and op == "all_reduce" and row.seen == n_params > row.expected:
+        if n_params and op == "all_reduce" and row.seen == n_params > row.expected:
             out.append(f"{row.seen} all-reduces = one per parameter tensor: flatten the "
                        "gradients into one buffer (or bucket them) and all-reduce that")
         elif row.seen == 0:
@@ -422,7 +428,7 @@ def _comm_hints(rows: list[_Row], hints: Mapping, n_params: int | None) -> list[
         mine = [msg for key, msg in custom.items() if _matcher(*key)(row.example)]
         if mine:
             out.append(mine[0])
-        elif expected_ops and expected_ops <= {"send", "recv"} and row.op not in ("send", "recv"):
+        if expected_ops and expected_ops <= {"send", "recv"} and row.op not in ("send", "recv"):
             out.append(f"this exercise builds its communication from send/recv only, but "
                        f"torch's {row.op} was called: write it with dist.send/dist.recv (or "
                        "isend/irecv)")
