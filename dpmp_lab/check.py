@@ -448,9 +448,10 @@ def _missing(row: _Row, extra: list[_Row], explained: set[int]) -> str:
         explained.add(id(other))
         ev = other.example
         if group is not None and not _matcher(None, group, None)(ev):
+            everyone = ev.label is None and ev.group == tuple(range(len(ev.group)))
             return (f"the {op} went to group {viz._cell(ev.group_label)} instead of the "
-                    f"{viz._cell(group)} group: pass group=... to the collective (without it, "
-                    "torch uses every rank)")
+                    f"{viz._cell(group)} group: pass group=... to the collective"
+                    + (" (without it, torch uses every rank)" if everyone else ""))
         if phase is not None:
             return (f"the {op} was issued {_phase_words(other.phase)}, not "
                     f"{_phase_words(phase)}: " + _phase_advice(phase))
