@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from dpmp_lab import serialize, worker
+from dpmp_lab.progress import Progress
 
 START_METHODS = ("forkserver", "fork", "spawn")
 BACKENDS = ("auto", "gloo", "nccl")
@@ -188,6 +189,7 @@ def launch(
     threads: int | None = None,
     pg_timeout: float | None = None,
     stream: bool = True,
+    progress: bool | None = None,
     **kwargs: Any,
 ) -> LaunchResult:
     """Run `fn(*args, **kwargs)` on `world_size` ranks, each in its own process with the default
@@ -203,11 +205,15 @@ def launch(
     env:          extra environment variables for the ranks.
     threads:      torch threads per rank (default: cores // world_size, at least 1).
     stream:       print every rank's output live, prefixed "[rank r]".
+    progress:     show each rank's state (starting, running, done, failed) under the cell
+                  while it runs: a widget in Jupyter, text elsewhere in IPython (default: when
+                  streaming in IPython; never outside IPython).
     """
     request = _check_request(fn, world_size, backend, timeout, start_method, env, threads,
                              pg_timeout)
     payload = _pickle_payload(fn, args, kwargs)
-    return _Launch(request, payload, trace=trace, stream=stream).run()
+    return _Launch(request, payload, trace=trace, stream=stream,
+                   progress=stream if progress is None else progress).run()
 
 
 @dataclass
@@ -359,8 +365,10 @@ class _Rank:
 
 
 class _Launch:
-    def __init__(self, request: _Request, payload: bytes, *, trace: bool, stream: bool):
+    def __init__(self, request: _Request, payload: bytes, *, trace: bool, stream: bool,
+                 progress: bool = False):
         self.req = request
+        self.progress = Progress(request.world_size, progress) if progress else None
         self.payload = payload
         self.trace = trace
         self.stream = stream
@@ -391,6 +399,9 @@ class _Launch:
         finally:
             self._close()
             shutil.rmtree(rendezvous, ignore_errors=True)
+            if self.progress is not None:   # whatever did not finish was stopped by us
+                self.progress.close([r.state if r.state in ("returned", "failed") else "stopped"
+                                     for r in self.ranks])
         wall = time.monotonic() - t0
         if outcome != "returned":
             raise self._error(outcome)
@@ -467,6 +478,8 @@ class _Launch:
             if now >= deadline:
                 return "timeout"
             self._pump(min(deadline - now, 1.0))
+            if self.progress is not None:
+                self.progress.update([r.state for r in self.ranks])
 
     def _wind_down(self, outcome: str) -> None:
         if outcome == "returned":

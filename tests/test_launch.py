@@ -417,3 +417,12 @@ def test_ranks_die_with_a_killed_kernel():
         alive = [p for p in pids if os.path.exists(f"/proc/{p}") and
                  "Z" not in open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0]]
     assert alive == [], "ranks outlived their kernel"
+
+
+def test_progress_is_shown_only_inside_ipython():
+    from dpmp_lab.progress import Progress
+
+    p = Progress(2, enabled=True)
+    assert not p.active   # a script or pytest: plain output only
+    p.update(["running", "returned"])
+    assert p.text() == "ranks: 0 starting, 1 starting"

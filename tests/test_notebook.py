@@ -75,9 +75,23 @@ def test_hang_in_a_magic_cell_is_a_timeout(executed):
 
 def test_kernel_still_works_after_failures(executed):
     last = executed.cells[-1]  # nbclient raises if an untagged cell fails, so this one passed
-    assert all(o.output_type == "stream" for o in last.outputs)
+    assert {o.output_type for o in last.outputs} <= {"stream", "display_data"}
     assert "[rank 1] sum over ranks = 3.0" in text_of(last)
     assert stray_processes() == []
+
+
+def progress_of(cell) -> list:
+    return [o for o in cell.outputs if o.output_type == "display_data"
+            and o.data.get("text/plain", "").startswith("ranks: ")]
+
+
+def test_progress_widget_with_a_text_fallback_shows_final_states(executed):
+    [shown] = progress_of(cell_with(executed, "res = dl.launch(hello"))
+    assert shown.data["text/plain"] == "ranks: 0 done, 1 done, 2 done, 3 done"
+    assert "application/vnd.jupyter.widget-view+json" in shown.data
+    [broken] = progress_of(cell_with(executed, "dl.launch(broken"))
+    states = broken.data["text/plain"]
+    assert states == "ranks: 0 failed, 1 failed"   # both ranks of that cell raise
 
 
 def rich(cell, mime: str) -> str:

@@ -1,0 +1,97 @@
+"""Each rank's state under the launching cell: starting, running, done, failed (or stopped).
+
+In JupyterLab it is a row of coloured labels (ipywidgets) that change while the ranks run; where
+widgets do not render (nbclient, nbconvert, a text console) the same output carries a line of
+text, kept up to date; in a terminal IPython a single line is printed when the launch ends.
+Nothing is shown outside IPython, so scripts and tests keep their plain output.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+# internal rank state -> what the learner reads
+_WORDS = {"starting": "starting", "running": "running", "returned": "done", "failed": "failed",
+          "stopped": "stopped"}
+_COLOURS = {"starting": "#bbb", "running": "#4e79a7", "done": "#59a14f", "failed": "#e15759",
+            "stopped": "#999"}
+
+
+def _shell() -> str | None:
+    """'kernel' in a Jupyter kernel, 'terminal' in terminal IPython, else None."""
+    ipython = sys.modules.get("IPython")
+    get = getattr(ipython, "get_ipython", None) if ipython else None
+    shell = get() if get else None
+    if shell is None:
+        return None
+    return "kernel" if getattr(shell, "kernel", None) is not None else "terminal"
+
+
+class Progress:
+    """Shows rank states; call update(states) when one changes and close(states) at the end."""
+
+    def __init__(self, world_size: int, enabled: bool | None = None):
+        shell = _shell()
+        self.active = shell is not None if enabled is None else enabled and shell is not None
+        self.kernel = shell == "kernel"
+        self.states = ["starting"] * world_size
+        self.labels: list[Any] = []
+        self.box: Any = None
+        self.handle: Any = None
+        if self.active and self.kernel:
+            self._display()
+
+    def _display(self) -> None:
+        from IPython.display import display
+
+        try:
+            import ipywidgets as widgets
+        except ImportError:
+            widgets = None
+        if widgets is not None:
+            self.labels = [widgets.HTML(self._label(r, s)) for r, s in enumerate(self.states)]
+            self.box = widgets.HBox(self.labels)
+            self.box.add_class("dpmp-lab-progress")
+        self.handle = display(self, display_id=True)
+
+    def _label(self, rank: int, state: str) -> str:
+        word = _WORDS.get(state, state)
+        return (f'<span class="dpmp-rank dpmp-rank-{word}" style="background:{_COLOURS[word]};'
+                'color:white;border-radius:4px;padding:1px 6px;margin-right:4px;'
+                f'font-family:monospace">rank {rank}: {word}</span>')
+
+    def text(self) -> str:
+        return "ranks: " + ", ".join(f"{r} {_WORDS.get(s, s)}" for r, s in enumerate(self.states))
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
+        bundle = {"text/plain": self.text()}
+        if self.box is not None:
+            try:
+                bundle.update(self.box._repr_mimebundle_() or {})
+            except Exception:  # a widget problem must not break the learner's cell: text only
+                self.box = None
+            bundle["text/plain"] = self.text()
+        if self.box is None:
+            bundle["text/html"] = '<div class="dpmp-lab-progress">' + "".join(
+                self._label(r, s) for r, s in enumerate(self.states)) + "</div>"
+        return bundle
+
+    def update(self, states: list[str]) -> None:
+        if not self.active or states == self.states:
+            return
+        self.states = list(states)
+        for label, (r, s) in zip(self.labels, enumerate(self.states), strict=False):
+            label.value = self._label(r, s)
+        if self.handle is not None:
+            self.handle.update(self)
+
+    def close(self, states: list[str]) -> None:
+        if not self.active:
+            return
+        self.update(states)
+        if not self.kernel:
+            print(f"[dpmp_lab] {self.text()}", file=sys.stderr)
+
+    def __repr__(self) -> str:
+        return self.text()
