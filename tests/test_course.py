@@ -18,6 +18,10 @@ from dpmp_lab import course
 
 from .conftest import ROOT, stray_processes
 
+# Grading every submission of every assignment takes many minutes on 2 cores; the fixture's
+# time counts against the first test that uses it.
+pytestmark = pytest.mark.timeout(4800)
+
 ASSIGNMENTS = course.assignments(ROOT)
 VARIANTS_DIR = ROOT / "tests" / "course_variants"
 
