@@ -11,6 +11,10 @@ torch: a torch already in .venv is kept. Otherwise the tests, and the course on 
 without an NVIDIA GPU, get the CPU build pinned in constraints.txt; the course on a machine
 with an NVIDIA GPU gets PyPI's default (CUDA) build. Only the Python standard library is used
 here, so this runs on a fresh machine with nothing but python3.
+
+The browser test (tests/test_browser.py) needs a system Chromium. Only under CI (CI=true) and
+as root does `test` install Debian's chromium with apt-get when none is found; a learner's
+machine never gets an apt-get call (there the browser test skips and says why).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ VENV = ROOT / ".venv"
 CONSTRAINTS = ROOT / "constraints.txt"
 STAMP = VENV / ".dpmp_lab-installed"
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+BROWSERS = ("chromium", "chromium-browser", "google-chrome")  # what tests/test_browser.py finds
 
 
 def say(text: str) -> None:
@@ -110,6 +115,19 @@ def ensure_installed(purpose: str) -> Path:
     return python
 
 
+def ensure_ci_browser() -> None:
+    """CI only: install Debian's chromium for the browser test (CI=true, root, apt-get, none yet)."""
+    if os.environ.get("CI", "").lower() != "true" or os.name != "posix" or os.geteuid() != 0:
+        return
+    if any(shutil.which(name) for name in BROWSERS) or not shutil.which("apt-get"):
+        return
+    say("CI: installing Debian's chromium for the browser test (apt-get install chromium)")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    for cmd in (["apt-get", "update"], ["apt-get", "install", "-y", "chromium"]):
+        if subprocess.run(cmd, env=env).returncode:
+            sys.exit(f"[bootstrap] `{' '.join(cmd)}` failed: the browser test needs chromium")
+
+
 def run(cmd: list[str]) -> int:
     return subprocess.run(cmd, cwd=ROOT).returncode
 
@@ -127,6 +145,7 @@ def main(argv: list[str]) -> int:
             os.chdir(ROOT)
             os.execv(cmd[0], cmd)
         return run(cmd)
+    ensure_ci_browser()
     say("ruff")
     code = run([str(python), "-m", "ruff", "check", "dpmp_lab", "tests", "benchmarks", "tools",
                 "bootstrap.py"])

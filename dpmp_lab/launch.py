@@ -212,8 +212,12 @@ def launch(
     request = _check_request(fn, world_size, backend, timeout, start_method, env, threads,
                              pg_timeout)
     payload = _pickle_payload(fn, args, kwargs)
-    return _Launch(request, payload, trace=trace, stream=stream,
-                   progress=stream if progress is None else progress).run()
+    try:
+        return _Launch(request, payload, trace=trace, stream=stream,
+                       progress=stream if progress is None else progress).run()
+    except KeyboardInterrupt:
+        # raised afresh, so the learner reads one line instead of the event loop's stack
+        raise KeyboardInterrupt(f"interrupted: all {world_size} ranks were stopped") from None
 
 
 @dataclass
@@ -393,8 +397,6 @@ class _Launch:
             self._wind_down(outcome)
         except BaseException:
             self._kill_all()
-            if self.ranks and sys.exc_info()[0] is KeyboardInterrupt:
-                print(f"[dpmp_lab] interrupted: stopped {len(self.ranks)} ranks", file=sys.stderr)
             raise
         finally:
             self._close()

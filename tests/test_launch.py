@@ -311,7 +311,7 @@ def test_keyboard_interrupt_stops_every_rank():
     timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
     t0 = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt, match="interrupted: all 3 ranks were stopped"):
         dl.launch(spin, world_size=3, timeout=60, stream=False)
     assert time.monotonic() - t0 < 10
     assert stray_processes() == []
