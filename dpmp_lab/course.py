@@ -41,8 +41,13 @@ def nbgrader(*args: str, root: Path | None = None, check: bool = True,
     root = root or repo_root()
     env = dict(os.environ)
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    return subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=root, env=env,
-                          check=check, text=True, capture_output=capture)
+    done = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=root, env=env,
+                          text=True, capture_output=capture)
+    if check and done.returncode:
+        tail = "\n".join((done.stderr or "").splitlines()[-40:])
+        raise RuntimeError(f"`nbgrader {' '.join(args)}` failed (exit {done.returncode}) in "
+                           f"{root}" + (f":\n{tail}" if tail else ""))
+    return done
 
 
 def release(names: list[str] | None = None, *, root: Path | None = None,
