@@ -8,36 +8,9 @@ silently tests nothing. `loses` lists exactly the graded cells that must score z
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
+from tests.course_variants import solution_editor
 
-NOTEBOOK = (Path(__file__).resolve().parents[2] / "solutions" / "02_data_parallel"
-            / "02_data_parallel.ipynb")
-
-
-def _solution_sources() -> dict[str, str]:
-    cells = json.loads(NOTEBOOK.read_text(encoding="utf-8"))["cells"]
-    out = {}
-    for cell in cells:
-        meta = cell.get("metadata", {}).get("nbgrader", {})
-        if meta.get("solution"):
-            src = cell["source"]
-            out[meta["grade_id"]] = src if isinstance(src, str) else "".join(src)
-    return out
-
-
-_SOURCES = _solution_sources()
-
-
-def _edit(grade_id: str, *edits: tuple[str, str]) -> dict[str, str]:
-    """{grade_id: the solution's source with each (old, new) applied}; old must occur once."""
-    src = _SOURCES[grade_id]
-    for old, new in edits:
-        if src.count(old) != 1:
-            raise ValueError(f"variant edit of {grade_id!r} does not match the notebook exactly "
-                             f"once ({src.count(old)} times): {old!r}")
-        src = src.replace(old, new)
-    return {grade_id: src}
+_edit = solution_editor("02_data_parallel")
 
 
 RECALL_TESTS = [f"recall_{i}_tests" for i in range(1, 6)]

@@ -6,23 +6,9 @@ Dependencies between exercises are real: Exercise 3 builds on the learner's f an
 on the layers of Exercise 3, so a mistake there also costs the later cells that use it.
 """
 
-import json
-from pathlib import Path
+from tests.course_variants import solution_editor
 
-SOURCE = (Path(__file__).resolve().parents[2] / "solutions" / "03_tensor_parallel"
-          / "03_tensor_parallel.ipynb")
-_CELLS = {c["metadata"]["nbgrader"]["grade_id"]: "".join(c["source"])
-          for c in json.loads(SOURCE.read_text())["cells"]
-          if c.get("metadata", {}).get("nbgrader", {}).get("solution")}
-
-
-def _edit(grade_id: str, *changes: tuple[str, str]) -> dict[str, str]:
-    """The solution cell `grade_id` with each (old, new) applied; old must occur exactly once."""
-    source = _CELLS[grade_id]
-    for old, new in changes:
-        assert source.count(old) == 1, f"{grade_id}: {old!r} occurs {source.count(old)} times"
-        source = source.replace(old, new)
-    return {grade_id: source}
+_edit = solution_editor("03_tensor_parallel")
 
 
 COLUMN = ["column_tests", "column_comm_tests"]

@@ -7,34 +7,9 @@ matches is an error when this module is imported, never a variant that silently 
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
+from tests.course_variants import solution_editor
 
-NOTEBOOK = Path(__file__).resolve().parents[2] / "solutions" / "06_planning" / "06_planning.ipynb"
-
-
-def _solutions() -> dict[str, str]:
-    out = {}
-    for cell in json.loads(NOTEBOOK.read_text(encoding="utf-8"))["cells"]:
-        meta = cell.get("metadata", {}).get("nbgrader", {})
-        if meta.get("solution"):
-            src = cell["source"]
-            out[meta["grade_id"]] = src if isinstance(src, str) else "".join(src)
-    return out
-
-
-_SOURCES = _solutions()
-
-
-def _edit(grade_id: str, *edits: tuple[str, str]) -> dict[str, str]:
-    """{grade_id: its solution with each (old, new) applied}; every old must occur exactly once."""
-    src = _SOURCES[grade_id]
-    for old, new in edits:
-        if src.count(old) != 1:
-            raise ValueError(f"edit of {grade_id!r} matches the notebook {src.count(old)} times, "
-                             f"not once: {old!r}")
-        src = src.replace(old, new)
-    return {grade_id: src}
+_edit = solution_editor("06_planning")
 
 
 # -- Exercise 1: model state per GPU ----------------------------------------------------------
