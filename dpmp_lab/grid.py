@@ -154,7 +154,8 @@ class ProcessGrid:
         from dpmp_lab.trace import name_group
 
         if device_type is None:
-            device_type = "cuda" if dist.get_backend() == "nccl" else "cpu"
+            # "nccl" or torch's combined "cpu:gloo,cuda:nccl": the ranks compute on GPUs
+            device_type = "cuda" if "nccl" in str(dist.get_backend()) else "cpu"
         self.mesh = init_device_mesh(device_type, (pp, dp, tp), mesh_dim_names=KINDS)
         self.rank = dist.get_rank()
         self.coords = self.layout.coords(self.rank)

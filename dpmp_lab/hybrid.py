@@ -35,6 +35,8 @@ from dpmp_lab import tp as tensor_parallel
 from dpmp_lab.dp import DataParallel
 from dpmp_lab.grid import ProcessGrid
 from dpmp_lab.models import GPTConfig, TinyGPT
+from dpmp_lab.worker import device as rank_device
+from dpmp_lab.worker import nccl_backend
 
 SMALL = GPTConfig(vocab_size=32, seq_len=8, d_model=16, n_heads=4, n_layers=2, d_ff=32)
 
@@ -61,8 +63,7 @@ def train(dp: int = 1, tp: int = 1, pp: int = 1, *, config: GPTConfig = SMALL,
 def _train(dp: int, tp: int, pp: int, config: GPTConfig, steps: int, batch_size: int,
            micro_batches: int, lr: float, seed: int, schedule: str) -> dict[str, Any]:
     grid = ProcessGrid(dp=dp, tp=tp, pp=pp)
-    device = torch.device("cuda", torch.cuda.current_device()) \
-        if dist.get_backend() == "nccl" else torch.device("cpu")
+    device = rank_device()
     if batch_size % (dp * micro_batches):
         raise ValueError(f"batch_size={batch_size} must split into dp={dp} shards of "
                          f"micro_batches={micro_batches} equal micro-batches")
@@ -141,9 +142,10 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("run me under torchrun (or use dl.launch(hybrid.train, ...) in a notebook)")
     local_gpus = torch.cuda.device_count()
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    backend = "nccl" if local_gpus >= local_world and dist.is_nccl_available() else "gloo"
-    if backend == "nccl":
+    backend = "gloo"
+    if local_gpus >= local_world and dist.is_nccl_available():
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        backend = nccl_backend()   # CUDA tensors through nccl, CPU tensors through gloo
     dist.init_process_group(backend)
     try:
         result = train(args.dp, args.tp, args.pp, steps=args.steps, batch_size=args.batch_size,

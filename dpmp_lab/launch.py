@@ -60,12 +60,32 @@ class LaunchResult:
     values: list[Any]
     output: list[str]
     traces: list[Any] | None = None
-    backend: str = "gloo"
+    backend: str = "gloo"      # what the ranks' default group was initialised with
     wall_time: float = 0.0
+    device_audit: bool = False
 
     @property
     def world_size(self) -> int:
         return len(self.values)
+
+    @property
+    def backends(self) -> dict[str, str]:
+        """Which backend moved which kind of tensor: {"cuda": "nccl", "cpu": "gloo"} on GPUs."""
+        return backends_of(self.backend)
+
+    def describe(self) -> str:
+        """One line: where the ranks computed and which backend served which device."""
+        n = self.world_size
+        served = ", ".join(f"{dev.upper()} tensors through {name}"
+                           for dev, name in self.backends.items())
+        if self.device_audit:
+            where = (f"{n} ranks on the CPU under the device audit (dl.device() is cpu:0, its "
+                     "stand-in for a GPU)")
+        elif "cuda" in self.backends:
+            where = f"{n} ranks on cuda:0..cuda:{n - 1}" if n > 1 else "1 rank on cuda:0"
+        else:
+            where = f"{n} rank{'s' if n > 1 else ''} on the CPU"
+        return f"{where}; {served}; {self.wall_time:.2f} s"
 
     def __getitem__(self, rank: int) -> Any:
         return self.values[rank]
@@ -190,6 +210,7 @@ def launch(
     pg_timeout: float | None = None,
     stream: bool = True,
     progress: bool | None = None,
+    device_audit: bool | None = None,
     **kwargs: Any,
 ) -> LaunchResult:
     """Run `fn(*args, **kwargs)` on `world_size` ranks, each in its own process with the default
@@ -208,9 +229,12 @@ def launch(
     progress:     show each rank's state (starting, running, done, failed) under the cell
                   while it runs: a widget in Jupyter, text elsewhere in IPython (default: when
                   streaming in IPython; never outside IPython).
+    device_audit: run on the CPU as if each rank had a GPU, and fail where the code would put
+                  data on the wrong device there (see dpmp_lab/audit.py). Default: on when the
+                  environment has DPMP_LAB_DEVICE_AUDIT=1.
     """
     request = _check_request(fn, world_size, backend, timeout, start_method, env, threads,
-                             pg_timeout)
+                             pg_timeout, device_audit)
     payload = _pickle_payload(fn, args, kwargs)
     try:
         return _Launch(request, payload, trace=trace, stream=stream,
@@ -229,10 +253,27 @@ class _Request:
     start_method: str
     env: dict[str, str]
     threads: int
+    device_audit: bool = False
+
+
+AUDIT_ENV = "DPMP_LAB_DEVICE_AUDIT"
+
+
+def audit_requested() -> bool:
+    """Whether DPMP_LAB_DEVICE_AUDIT asks every launch for a device audit."""
+    return os.environ.get(AUDIT_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def backends_of(backend: str) -> dict[str, str]:
+    """{"cuda": "nccl", "cpu": "gloo"} for "cpu:gloo,cuda:nccl"; {"cpu": "gloo"} for "gloo"."""
+    if ":" not in backend:
+        return {"cuda": backend} if backend == "nccl" else {"cpu": backend}
+    pairs = (part.split(":", 1) for part in backend.split(","))
+    return dict(sorted(((dev, name) for dev, name in pairs), key=lambda p: p[0] != "cuda"))
 
 
 def _check_request(fn, world_size, backend, timeout, start_method, env, threads,
-                   pg_timeout) -> _Request:
+                   pg_timeout, device_audit=None) -> _Request:
     if not callable(fn):
         raise TypeError(f"launch() needs a function to run on every rank, got {type(fn).__name__}")
     if isinstance(world_size, bool) or not isinstance(world_size, int):
@@ -264,9 +305,17 @@ def _check_request(fn, world_size, backend, timeout, start_method, env, threads,
             "dist.init_process_group?). launch() starts its own ranks, each with its own group: "
             "call dist.destroy_process_group() here first."
         )
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if device_audit is None:
+        device_audit = audit_requested()
+    if device_audit and backend == "nccl":
+        raise ValueError("the device audit runs on the CPU with gloo (cpu:0 stands in for the "
+                         "GPU): launch with backend='auto' or 'gloo' to audit")
     return _Request(
         world_size=world_size,
-        backend=_resolve_backend(backend, world_size),
+        backend="gloo" if device_audit else _resolve_backend(backend, world_size),
+        device_audit=bool(device_audit),
         timeout=float(timeout),
         pg_timeout=float(pg_timeout) if pg_timeout is not None else min(float(timeout), 30.0),
         start_method=start_method,
@@ -411,8 +460,9 @@ class _Launch:
             values=[r.value for r in self.ranks],
             output=[self._text(r) for r in self.ranks],
             traces=[r.trace for r in self.ranks] if self.trace else None,
-            backend=self.req.backend,
+            backend=worker.nccl_backend() if self.req.backend == "nccl" else self.req.backend,
             wall_time=wall,
+            device_audit=self.req.device_audit,
         )
 
     def _start_ranks(self, store_path: str) -> None:
@@ -431,6 +481,7 @@ class _Launch:
             cwd=os.getcwd(),
             source_lines=_notebook_sources(),
             trace=self.trace,
+            device_audit=self.req.device_audit,
         )
         for r in range(self.req.world_size):
             env_r = dict(environ, RANK=str(r), LOCAL_RANK=str(r))

@@ -4,7 +4,7 @@
 
     %%distributed -n 4
     import torch, torch.distributed as dist
-    t = torch.ones(2) * dist.get_rank()
+    t = torch.ones(2, device=dl.device()) * dist.get_rank()
     dist.all_reduce(t)
     print(t)                  # printed by every rank, as "[rank r] tensor([6., 6.])"
     t.sum().item()            # the last expression: one value per rank, shown as Out[...]
@@ -15,8 +15,8 @@ What the cell sees in each rank:
   * the notebook variables it reads (functions, classes, tensors, modules), sent by value
     when the cell starts. Assignments in the cell stay in the ranks: they do not change the
     notebook's variables. Use `-o name` to keep the LaunchResult, or return values.
-Options: -n/--nproc, --backend, --timeout, --start-method, -o/--out, and --trace, which
-shows a table of every rank's communication under the cell.
+Options: -n/--nproc, --backend, --timeout, --start-method, -o/--out, --trace, which
+shows a table of every rank's communication under the cell, and --device-audit (audit.py).
 """
 
 from __future__ import annotations
@@ -66,6 +66,8 @@ def register(ipython) -> None:
     @argument("--timeout", type=float, default=120.0, help="seconds before a hang is reported")
     @argument("--start-method", default="forkserver", help="forkserver, fork or spawn")
     @argument("--trace", action="store_true", help="show each rank's communication")
+    @argument("--device-audit", action="store_true",
+              help="run on the CPU as if each rank had a GPU; fail where data is misplaced")
     @argument("-o", "--out", default=None, help="store the LaunchResult in this variable")
     def distributed(line: str, cell: str):
         """Run this cell on N ranks, each with an initialised process group."""
@@ -94,7 +96,8 @@ def register(ipython) -> None:
 
         res = launch(run_cell, source, filename, names, world_size=opts.nproc,
                      backend=opts.backend, timeout=opts.timeout,
-                     start_method=opts.start_method, trace=opts.trace)
+                     start_method=opts.start_method, trace=opts.trace,
+                     device_audit=True if opts.device_audit else None)
         if opts.out:
             user_ns[opts.out] = res
         if opts.trace:

@@ -33,10 +33,11 @@ What a CommEvent says:
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -173,6 +174,17 @@ def name_group(group: Any, name: str) -> None:
     _labels[group.group_name] = name
 
 
+@contextlib.contextmanager
+def watch_calls(fn: Callable[[str, list[torch.Tensor]], None]) -> Iterator[None]:
+    """Call `fn(op, tensors)` before every collective or p2p op this process issues, while
+    inside; `fn` may refuse the call by raising (the device audit does)."""
+    _recorder.watch(fn)
+    try:
+        yield
+    finally:
+        _recorder.unwatch(fn)
+
+
 def traces_of(obj: Any) -> list[Trace]:
     """The per-rank traces of a LaunchResult, a list of traces, or one Trace, as a list."""
     if isinstance(obj, Trace):
@@ -232,27 +244,54 @@ _labels: dict[str, str] = {}   # ProcessGroup.group_name -> "dp" / "tp" / "pp"
 
 
 class _Recorder:
-    """Owns the dispatcher registration: installed while at least one Trace is active."""
+    """Owns the dispatcher registration: installed while a Trace or a watcher is active."""
 
     def __init__(self) -> None:
         self.active: list[Trace] = []
+        self.watchers: list[Callable[[str, list[torch.Tensor]], None]] = []
         self.lock = threading.Lock()
         self.library: Any = None
         self.groups: dict[str, tuple[int, ...]] = {}
 
     def start(self, t: Trace) -> None:
         with self.lock:
-            if not self.active:
-                self.groups = {}   # group names can be reused after a group is destroyed
-                self.library = _install_kernels(self)
+            self._install()
             self.active.append(t)
 
     def stop(self, t: Trace) -> None:
         with self.lock:
             self.active.remove(t)
-            if not self.active and self.library is not None:
-                self.library._destroy()
-                self.library = None
+            self._uninstall_if_idle()
+
+    def watch(self, fn: Callable[[str, list[torch.Tensor]], None]) -> None:
+        with self.lock:
+            self._install()
+            self.watchers.append(fn)
+
+    def unwatch(self, fn: Callable[[str, list[torch.Tensor]], None]) -> None:
+        with self.lock:
+            self.watchers.remove(fn)
+            self._uninstall_if_idle()
+
+    def _install(self) -> None:
+        if self.library is None:
+            self.groups = {}   # group names can be reused after a group is destroyed
+            self.library = _install_kernels(self)
+
+    def _uninstall_if_idle(self) -> None:
+        if not self.active and not self.watchers and self.library is not None:
+            self.library._destroy()
+            self.library = None
+
+    def on_call(self, name: str, schema_args: list[str], args: tuple, kwargs: dict) -> None:
+        """Every c10d op passes here before it runs: watchers first (they may refuse the call
+        by raising), then the record of every active trace."""
+        if self.watchers:
+            tensors = list(_flatten(list(args) + list(kwargs.values())))
+            for watcher in list(self.watchers):
+                watcher(_C10D_OPS[name][0], tensors)
+        if self.active:
+            self.record(name, schema_args, args, kwargs)
 
     def record(self, name: str, schema_args: list[str], args: tuple, kwargs: dict) -> None:
         try:
@@ -331,7 +370,7 @@ def _install_kernels(recorder: _Recorder) -> Any:
 
         def kernel(keyset, *args, _name=name, _overload=overload, _schema_args=schema_args,
                    **kwargs):
-            recorder.record(_name, _schema_args, args, kwargs)
+            recorder.on_call(_name, _schema_args, args, kwargs)
             return _overload.redispatch(keyset.remove(DispatchKey.BackendSelect), *args,
                                         **kwargs)
 

@@ -17,6 +17,7 @@ Inside a rank, `rank()`, `world_size()` and `device()` tell the function where i
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import datetime
 import faulthandler
@@ -33,7 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dpmp_lab import serialize
+from dpmp_lab import audit, serialize, trace
 
 
 @dataclass
@@ -52,14 +53,13 @@ class RankSpec:
     cwd: str
     source_lines: dict[str, tuple] = field(default_factory=dict)  # notebook cells, for tracebacks
     trace: bool = False
+    device_audit: bool = False  # see audit.py: cpu:0 stands in for the GPU, misplaced data fails
 
 
 @dataclass
 class RankContext:
     rank: int
     world_size: int
-    local_rank: int
-    backend: str
     device: torch.device
 
 
@@ -96,14 +96,30 @@ def world_size() -> int:
 
 
 def device() -> torch.device:
-    """The device this rank computes on: cuda:<local rank> under nccl, else cpu."""
+    """The device this rank computes on: cuda:<local rank> when its group has nccl, else cpu.
+
+    Make every tensor, model and buffer of a rank there (`torch.zeros(n, device=dl.device())`,
+    `model.to(dl.device())`): nccl moves GPU memory only. In a device audit (audit.py) this is
+    `cpu:0`, the audit's stand-in for the GPU."""
     if _context is not None:
         return _context.device
     if _group_ready():
-        if dist.get_backend() == "nccl":
+        if uses_nccl():
             return torch.device("cuda", int(os.environ.get("LOCAL_RANK", dist.get_rank())))
         return torch.device("cpu")
     raise _outside_a_rank("device")
+
+
+def uses_nccl(group: dist.ProcessGroup | None = None) -> bool:
+    """Whether `group` (default: the default group) moves CUDA tensors through nccl, whether
+    it was made with "nccl" or with torch's combined "cpu:gloo,cuda:nccl"."""
+    return "nccl" in str(dist.get_backend(group))
+
+
+def nccl_backend() -> str:
+    """What a launch under nccl initialises: CUDA tensors through nccl, CPU tensors through
+    gloo (torch's own default form), so a CPU tensor in a collective is slow, not an error."""
+    return "cpu:gloo,cuda:nccl"
 
 
 def rank_main(spec: RankSpec, out_w, err_w, msg_w, dump_w, release_r) -> None:
@@ -120,15 +136,10 @@ def rank_main(spec: RankSpec, out_w, err_w, msg_w, dump_w, release_r) -> None:
 
     global _context
     try:
-        try:
-            fn, args, kwargs = serialize.loads(spec.payload)
-        except BaseException as exc:
-            raise RuntimeError(
-                f"rank {spec.rank} could not load the function and its arguments: "
-                f"{type(exc).__name__}: {exc}"
-            ) from exc
-        _context = _init_process_group(spec)
-        value, trace = _call_user(fn, args, kwargs, spec.trace)
+        with audit.auditing() if spec.device_audit else contextlib.nullcontext():
+            fn, args, kwargs = _load_payload(spec)
+            _context = _init_process_group(spec)
+            value, trace = _call_user(fn, args, kwargs, spec.trace)
         _send_result(msg_w, value, trace)
     except BaseException as exc:
         _flush_all()
@@ -220,32 +231,49 @@ def _apply_caller_state(spec: RankSpec) -> None:
     torch.set_num_threads(spec.threads)
 
 
+def _load_payload(spec: RankSpec) -> tuple[Any, tuple, dict]:
+    try:
+        # In a device audit every tensor that arrives is marked as living on the CPU, as it
+        # would on a GPU server.
+        return audit.loads(spec.payload) if spec.device_audit else serialize.loads(spec.payload)
+    except BaseException as exc:
+        raise RuntimeError(
+            f"rank {spec.rank} could not load the function and its arguments: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+
+
 def _init_process_group(spec: RankSpec) -> RankContext:
     timeout = datetime.timedelta(seconds=spec.pg_timeout)
     local_rank = spec.rank  # launch() starts every rank on this machine
-    if spec.backend == "nccl":
+    backend = spec.backend
+    if spec.device_audit:
+        dev = audit.AUDIT_DEVICE
+    elif backend == "nccl":
         torch.cuda.set_device(local_rank)
+        # Graded runs compare with the kernel's fp32/fp64 reference: no TF32 shortcuts.
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
         dev = torch.device("cuda", local_rank)
+        backend = nccl_backend()
     else:
         dev = torch.device("cpu")
     store = dist.FileStore(spec.store_path, spec.world_size)
     store.set_timeout(timeout)
     dist.init_process_group(
-        spec.backend,
+        backend,
         store=store,
         rank=spec.rank,
         world_size=spec.world_size,
         timeout=timeout,
     )
-    return RankContext(spec.rank, spec.world_size, local_rank, spec.backend, dev)
+    return RankContext(spec.rank, spec.world_size, dev)
 
 
-def _call_user(fn, args, kwargs, trace: bool) -> tuple[Any, Any]:
-    if not trace:
+def _call_user(fn, args, kwargs, traced: bool) -> tuple[Any, Any]:
+    if not traced:
         return fn(*args, **kwargs), None
-    from dpmp_lab.trace import trace as start_trace
-
-    with start_trace() as t:
+    with trace.trace() as t:
         value = fn(*args, **kwargs)
     return value, t
 
@@ -281,8 +309,10 @@ def _describe(exc: BaseException) -> tuple[str, str, str, int | None]:
     return name, str(exc), "".join(report.format()), exitcode
 
 
-# Frames that only wrap the learner's call: this module's and torch's logging decorator.
-_PLUMBING = (__file__, "c10d_logger.py")
+# Frames that only wrap the learner's call: this module's, torch's logging decorator, the
+# device audit's mode and the tracer's dispatcher kernel.
+_PLUMBING = (__file__, "c10d_logger.py", audit.__file__, trace.__file__, "contextlib.py",
+             "overrides.py")
 
 
 def _drop_plumbing(report: traceback.TracebackException | None, seen: set | None = None) -> None:

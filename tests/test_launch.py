@@ -426,3 +426,14 @@ def test_progress_is_shown_only_inside_ipython():
     assert not p.active   # a script or pytest: plain output only
     p.update(["running", "returned"])
     assert p.text() == "ranks: 0 starting, 1 starting"
+
+
+def test_result_says_which_backend_served_which_device(warm):
+    res = dl.launch(lambda: None, world_size=2, stream=False, device_audit=False)
+    assert res.backend == "gloo" and res.backends == {"cpu": "gloo"}
+    assert res.describe().startswith("2 ranks on the CPU; CPU tensors through gloo;")
+    # what a GPU server's launch reports: CUDA tensors through nccl, CPU tensors through gloo
+    gpu = dl.LaunchResult(values=[None] * 4, output=[""] * 4, backend="cpu:gloo,cuda:nccl")
+    assert gpu.backends == {"cuda": "nccl", "cpu": "gloo"}
+    assert gpu.describe().startswith(
+        "4 ranks on cuda:0..cuda:3; CUDA tensors through nccl, CPU tensors through gloo;")

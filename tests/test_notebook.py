@@ -113,3 +113,31 @@ def test_comm_table_grid_picture_and_traced_magic_render(traced):
     magic = cell_with(traced, "%%distributed -n 2 --trace")
     assert "<td>broadcast</td>" in rich(magic, "text/html")
     assert "<th>rank 1</th>" in rich(magic, "text/html")
+
+
+def test_device_audit_names_the_cell_line_of_a_misplaced_tensor(monkeypatch):
+    """Planted wrong cells under DPMP_LAB_DEVICE_AUDIT=1: a function cell and a magic cell."""
+    monkeypatch.setenv("DPMP_LAB_DEVICE_AUDIT", "1")   # the kernel inherits it
+    nb = nbformat.v4.new_notebook()
+    wrong = {"tags": ["raises-exception"]}
+    nb.cells = [
+        nbformat.v4.new_code_cell("import torch, torch.distributed as dist\n"
+                                  "import dpmp_lab as dl\n%load_ext dpmp_lab"),
+        nbformat.v4.new_code_cell("def forgot():\n    t = torch.ones(3)\n    dist.all_reduce(t)\n"
+                                  "dl.launch(forgot, world_size=2)", metadata=wrong),
+        nbformat.v4.new_code_cell("%%distributed -n 2\nw = torch.zeros(2, 2)\n"
+                                  "x = torch.ones(2, device=dl.device())\nw @ x", metadata=wrong),
+        nbformat.v4.new_code_cell("def right():\n    t = torch.ones(3, device=dl.device())\n"
+                                  "    dist.all_reduce(t)\n    return str(t.device)\n"
+                                  "dl.launch(right, world_size=2).values"),
+    ]
+    NotebookClient(nb, timeout=120, kernel_name="python3",
+                   resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
+    forgot, magic, right = (text_of(c) for c in nb.cells[1:])
+    assert "device audit: an all_reduce was handed a CPU tensor" in forgot
+    assert "made at cell, line 2: `t = torch.ones(3)`" in forgot
+    assert "at cell, line 3: `dist.all_reduce(t)`" in forgot and "dl.device()" in forgot
+    assert "matmul() mixes a tensor on this rank's device" in magic
+    assert "made at cell, line 1: `w = torch.zeros(2, 2)`" in magic
+    assert "['cpu:0', 'cpu:0']" in right
+    assert stray_processes() == []

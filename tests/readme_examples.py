@@ -1,0 +1,46 @@
+"""Run the README's runnable examples, in order, in an IPython shell, as a reader would.
+
+A block runs when it launches ranks (dl.launch, %%distributed, %load_ext) and has no `...`
+placeholder. tests/test_audit.py runs this file with DPMP_LAB_DEVICE_AUDIT=1, so the README
+teaches code that is right on a GPU server too.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
+
+
+def runnable_blocks(text: str) -> list[str]:
+    blocks = []
+    for block in BLOCK.findall(text):
+        launches = any(word in block for word in ("dl.launch(", "%%distributed", "%load_ext"))
+        placeholder = any(line.strip().startswith("...") for line in block.splitlines())
+        if launches and not placeholder:
+            blocks.append(block)
+    return blocks
+
+
+def main() -> int:
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    blocks = runnable_blocks(README.read_text())
+    for i, block in enumerate(blocks):
+        print(f"--- README block {i + 1} of {len(blocks)}", flush=True)
+        result = shell.run_cell(block)
+        if not result.success:
+            print(f"README block {i + 1} failed:\n{block}", flush=True)
+            return 1
+    print(f"README examples: ok under the device audit ({len(blocks)} blocks)"
+          if "DPMP_LAB_DEVICE_AUDIT" in __import__("os").environ
+          else f"README examples: ok ({len(blocks)} blocks)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
