@@ -10,19 +10,63 @@ import sys
 from pathlib import Path
 
 
-def _all_reduce_check(expected: float) -> float:
+def _all_reduce_check(expected: float) -> dict:
+    """Inside each rank: an all_reduce on the rank's device and, where the device is a GPU, one
+    of a CPU tensor too (nccl serves the first, gloo the second)."""
     import torch
     import torch.distributed as dist
 
-    t = torch.ones(4) * (dist.get_rank() + 1)
+    import dpmp_lab as dl
+
+    dev = dl.device()
+    t = torch.ones(4, device=dev) * (dist.get_rank() + 1)
     dist.all_reduce(t)
-    if not torch.allclose(t, torch.full((4,), expected)):
-        raise AssertionError(f"all_reduce gave {t.tolist()}, expected {expected} everywhere")
-    return float(t[0])
+    if not torch.allclose(t, torch.full((4,), expected, device=dev)):
+        raise AssertionError(f"all_reduce on {dev} gave {t.tolist()}, expected {expected}")
+    out = {"device": str(dev), "sum": float(t[0])}
+    if dev.type == "cuda":
+        c = torch.ones(2) * (dist.get_rank() + 1)
+        dist.all_reduce(c)
+        if float(c[0]) != expected:
+            raise AssertionError(f"all_reduce of a CPU tensor gave {c.tolist()}")
+        props = torch.cuda.get_device_properties(dev)
+        out["gpu"] = f"{props.name}, {props.total_memory / 2**30:.0f} GiB"
+    return out
+
+
+def backend_plan(gpus: int, nccl: bool, sizes: tuple[int, ...] = (1, 2, 4, 8)) -> list[str]:
+    """What backend="auto" gives each world size on a machine with `gpus` GPUs."""
+    lines = []
+    for n in sizes:
+        if nccl and gpus >= n:
+            lines.append(f"world size {n}: nccl on cuda:0..{n - 1} (cpu:gloo,cuda:nccl: CPU "
+                         "tensors through gloo)")
+        else:
+            why = "no NCCL in this torch" if not nccl and gpus else f"{gpus} GPU(s) < {n} ranks"
+            lines.append(f"world size {n}: gloo on the CPU ({why})")
+    return lines
+
+
+def _launch_check(label: str, n: int, backend: str, timeout: float) -> bool:
+    import dpmp_lab
+
+    print(f"launching   {label}: {n} rank(s), backend={backend!r}, one all_reduce ...",
+          flush=True)
+    try:
+        res = dpmp_lab.launch(_all_reduce_check, float(n * (n + 1) / 2), world_size=n,
+                              backend=backend, timeout=timeout, stream=False,
+                              device_audit=False)
+    except Exception as exc:  # the doctor's job is to say what went wrong, whatever it was
+        print(f"            FAILED: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return False
+    gpus = sorted({v["gpu"] for v in res.values if "gpu" in v})
+    print(f"            ok: {res.describe()}" + (f"; {', '.join(gpus)}" if gpus else ""))
+    return True
 
 
 def doctor(args: argparse.Namespace) -> int:
-    """Print what this machine offers for the course and prove a 2-rank launch works."""
+    """Print what this machine offers for the course and prove that launches work: n ranks
+    with backend="auto", and on a GPU machine nccl itself (2 ranks, or 1 with one GPU)."""
     import torch
     import torch.distributed as dist
 
@@ -36,18 +80,22 @@ def doctor(args: argparse.Namespace) -> int:
                                 ("nccl", dist.is_nccl_available()),
                                 ("mpi", dist.is_mpi_available())) if ok]
     print(f"backends    {', '.join(backends) or 'none'}")
-    print(f"GPUs        {visible_gpus()} visible")
+    gpus = visible_gpus()
+    shown = os.environ.get("CUDA_VISIBLE_DEVICES")
+    print(f"GPUs        {gpus} visible" + (f" (CUDA_VISIBLE_DEVICES={shown})" if shown else ""))
     print(f"CPU cores   {_cores()}")
-    n = args.world_size
-    print(f"launching   {n} ranks: one all_reduce ...", flush=True)
-    try:
-        res = dpmp_lab.launch(_all_reduce_check, float(n * (n + 1) / 2), world_size=n,
-                              backend=args.backend, timeout=args.timeout, stream=False)
-    except Exception as exc:  # the doctor's job is to say what went wrong, whatever it was
-        print(f"FAILED: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    print(f"            ok on {res.backend} in {res.wall_time:.2f} s: {res.values}")
-    return 0
+    for line in backend_plan(gpus, dist.is_nccl_available()):
+        print(f"auto        {line}")
+    ok = _launch_check("auto", args.world_size, args.backend, args.timeout)
+    if gpus and dist.is_nccl_available():
+        n = 2 if gpus >= 2 else 1
+        ok = _launch_check("nccl", n, "nccl", args.timeout) and ok
+    elif gpus:
+        print("nccl        skipped: this torch build has no NCCL")
+    else:
+        print("nccl        skipped: no GPU visible (the course runs on gloo and the CPU)")
+    print("all checks passed" if ok else "some checks FAILED")
+    return 0 if ok else 1
 
 
 def course_dir() -> Path:
@@ -91,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         epilog="dpmp-lab lab passes any other option to `jupyter lab` (e.g. --no-browser).",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("doctor", help="check torch, backends and a 2-rank launch")
+    p = sub.add_parser("doctor", help="check torch, GPUs, backends, and launches")
     p.add_argument("-n", "--world-size", type=int, default=2)
     p.add_argument("--backend", default="auto")
     p.add_argument("--timeout", type=float, default=60.0)

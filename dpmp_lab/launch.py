@@ -18,6 +18,7 @@ How it works, top to bottom:
 from __future__ import annotations
 
 import codecs
+import json
 import linecache
 import multiprocessing as mp
 import os
@@ -236,12 +237,34 @@ def launch(
     request = _check_request(fn, world_size, backend, timeout, start_method, env, threads,
                              pg_timeout, device_audit)
     payload = _pickle_payload(fn, args, kwargs)
+    outcome = "failed"
     try:
-        return _Launch(request, payload, trace=trace, stream=stream,
-                       progress=stream if progress is None else progress).run()
+        res = _Launch(request, payload, trace=trace, stream=stream,
+                      progress=stream if progress is None else progress).run()
+        outcome = "ok"
+        return res
     except KeyboardInterrupt:
+        outcome = "interrupted"
         # raised afresh, so the learner reads one line instead of the event loop's stack
         raise KeyboardInterrupt(f"interrupted: all {world_size} ranks were stopped") from None
+    finally:
+        _log_launch(request, outcome)
+
+
+LOG_ENV = "DPMP_LAB_LAUNCH_LOG"
+
+
+def _log_launch(request: _Request, outcome: str) -> None:
+    """Append one JSON line per launch to $DPMP_LAB_LAUNCH_LOG, when set: how
+    tools/gpu_course.py counts the cells that ran on each backend."""
+    path = os.environ.get(LOG_ENV)
+    if not path:
+        return
+    backend = worker.nccl_backend() if request.backend == "nccl" else request.backend
+    line = json.dumps({"world_size": request.world_size, "backend": backend,
+                       "device_audit": request.device_audit, "outcome": outcome})
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(line + "\n")
 
 
 @dataclass

@@ -385,10 +385,23 @@ def test_doctor_passes_and_fails_clearly():
     ok = subprocess.run([sys.executable, "-m", "dpmp_lab.cli", "doctor"], capture_output=True,
                         text=True, timeout=120, cwd=ROOT)
     assert ok.returncode == 0, ok.stderr
-    assert "ok on gloo" in ok.stdout and "torch" in ok.stdout
+    assert "ok: 2 ranks on the CPU; CPU tensors through gloo" in ok.stdout
+    assert "torch" in ok.stdout and "all checks passed" in ok.stdout
+    assert "world size 4: gloo on the CPU (0 GPU(s) < 4 ranks)" in ok.stdout
+    assert "nccl        skipped: no GPU visible" in ok.stdout
     bad = subprocess.run([sys.executable, "-m", "dpmp_lab.cli", "doctor", "--backend", "nccl"],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert bad.returncode != 0 and "FAILED" in bad.stderr
+
+
+def test_doctor_says_what_auto_gives_each_world_size_on_a_gpu_server():
+    from dpmp_lab.cli import backend_plan
+
+    plan = backend_plan(gpus=4, nccl=True)
+    assert plan[0].startswith("world size 1: nccl on cuda:0..0")
+    assert plan[2].startswith("world size 4: nccl on cuda:0..3 (cpu:gloo,cuda:nccl")
+    assert plan[3] == "world size 8: gloo on the CPU (4 GPU(s) < 8 ranks)"
+    assert backend_plan(gpus=2, nccl=False)[0] == "world size 1: gloo on the CPU (no NCCL in this torch)"
 
 
 def test_ranks_die_with_a_killed_kernel():
