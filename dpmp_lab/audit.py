@@ -20,7 +20,8 @@ It then applies torch's own rules for CUDA tensors:
     through dl.trace's hook, so torch's DDP and DTensor calls are checked as well);
   * drawing random numbers on the device from a CPU generator fails, as it does on CUDA.
 `t.device` says `cpu:0` for device tensors, so `torch.zeros(n, device=p.device)` is right.
-Tensors whose place is unknown (made by C++ inside autograd's backward, say) are never blamed.
+Gradient hooks and custom backward functions run under the mode too. Tensors whose place is
+unknown (the gradients autograd's engine makes, until read as `p.grad`) are never blamed.
 Tensors made by torch.distributed's own code are left unmarked: under "cpu:gloo,cuda:nccl" torch
 itself moves objects through gloo on the CPU (all_gather_object), which is correct there.
 """
@@ -156,7 +157,7 @@ def auditing() -> Iterator[None]:
     _audit = _Audit()
     audit = _audit
     try:
-        with trace.watch_calls(_check_collective), _Mode(audit):
+        with trace.watch_calls(_check_collective), _hooks_audited(audit), _Mode(audit):
             yield
         if audit.problems:   # raised where it happened, but caught by the code in between
             raise DeviceAuditError(audit.problems[0] + (
@@ -164,6 +165,48 @@ def auditing() -> Iterator[None]:
                 if len(audit.problems) > 1 else "\n(the code caught this error and went on)"))
     finally:
         _audit = None
+
+
+# Code that autograd's engine calls back during backward. A mode handles `loss.backward()` as
+# one call, with the mode itself switched off inside, so the learner's gradient hooks (where
+# overlapped data parallelism sends its buckets) and custom Functions' backward would go
+# unseen: they get the mode back around each call.
+_BACKWARD_CALLBACKS = [
+    (torch.Tensor, "register_hook"),
+    (torch.Tensor, "register_post_accumulate_grad_hook"),
+    (torch.nn.Module, "register_full_backward_hook"),
+    (torch.nn.Module, "register_full_backward_pre_hook"),
+]
+
+
+@contextlib.contextmanager
+def _hooks_audited(audit: _Audit) -> Iterator[None]:
+    from torch.autograd.function import BackwardCFunction
+
+    def registering(original):
+        def register(self, hook, *args, **kwargs):
+            def audited_hook(*hook_args, **hook_kwargs):
+                with _Mode(audit):
+                    return hook(*hook_args, **hook_kwargs)
+            return original(self, audited_hook, *args, **kwargs)
+        return register
+
+    original_apply = BackwardCFunction.apply
+
+    def audited_apply(self, *args):
+        with _Mode(audit):
+            return original_apply(self, *args)
+
+    saved = [(owner, name, getattr(owner, name)) for owner, name in _BACKWARD_CALLBACKS]
+    try:
+        for owner, name, original in saved:
+            setattr(owner, name, registering(original))
+        BackwardCFunction.apply = audited_apply
+        yield
+    finally:
+        for owner, name, original in saved:
+            setattr(owner, name, original)
+        BackwardCFunction.apply = original_apply
 
 
 def loads(data: bytes) -> Any:
@@ -269,7 +312,7 @@ class _Mode(TorchFunctionMode):
 
     # every other torch function
     def _op(self, func, name, args, kwargs):
-        inputs = list(_tensors_in((args, kwargs)))
+        inputs = _inputs(args, kwargs)
         device_kw = kwargs.get("device")
         marks = [(t, self.audit.where(t)) for t in inputs]
         host = [(t, m) for t, m in marks if m is not None and m.where == HOST]
@@ -282,6 +325,10 @@ class _Mode(TorchFunctionMode):
                 self._mixing(name, big_host[0], on_device[0])
         if name in _RANDOM:
             self._check_generator(name, args, kwargs, inputs, device_kw)
+        if name in ("numpy", "__array__") and on_device:
+            self.audit.fail(
+                f"{name}() of a tensor on this rank's device ({_where_used()}): on a GPU this "
+                "fails (numpy lives on the CPU); call .cpu() first, or .tolist() / .item().")
         result = func(*args, **kwargs)
         outputs = [t for t in _tensors_in(result) if not any(t is i for i in inputs)]
         if not outputs:
@@ -371,6 +418,18 @@ def _changes_dtype(name, args, kwargs, source) -> bool:
     except Exception:
         return True
     return dtype is not None and dtype != source.dtype
+
+
+def _inputs(args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """The tensors a torch call gets: arguments, and lists of tensors (torch.cat's) in them."""
+    found = []
+    for values in (args, kwargs.values()):
+        for v in values:
+            if isinstance(v, torch.Tensor):
+                found.append(v)
+            elif isinstance(v, (list, tuple)):
+                found.extend(x for x in v if isinstance(x, torch.Tensor))
+    return found
 
 
 def _tensors_in(obj: Any, deep: bool = False, _depth: int = 0) -> Iterator[torch.Tensor]:

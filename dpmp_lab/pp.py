@@ -41,6 +41,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from dpmp_lab.worker import device as rank_device
+
 # -- splitting a model into stages ------------------------------------------------------------
 
 
@@ -395,7 +397,7 @@ class PipelineStage:
         self.activation_shape = shape
         self.dtype = dtype or (params[0].dtype if params else torch.get_default_dtype())
         self.device = torch.device(device) if device is not None else (
-            params[0].device if params else torch.device("cpu"))
+            params[0].device if params else rank_device())
 
     is_first = property(lambda self: self.prev_rank is None)
     is_last = property(lambda self: self.next_rank is None)

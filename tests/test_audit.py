@@ -174,6 +174,39 @@ def recv_into_a_cpu_buffer():
         dist.recv(buf, src=0)
 
 
+def gradient_hook_sends_a_cpu_buffer():
+    model = nn.Linear(4, 2).to(dl.device())
+
+    def hook(p):                      # overlapped data parallel: send as gradients arrive
+        bucket = torch.zeros(p.numel())
+        bucket.copy_(p.grad.flatten())
+        dist.all_reduce(bucket)
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+    model(torch.ones(3, 4, device=dl.device())).sum().backward()
+
+
+class _SendsInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        total = torch.zeros(grad.shape)
+        dist.all_reduce(total)
+        return grad
+
+
+def custom_backward_sends_a_cpu_buffer():
+    x = torch.ones(3, device=dl.device(), requires_grad=True)
+    _SendsInBackward.apply(x).sum().backward()
+
+
+def numpy_of_a_device_tensor():
+    return torch.ones(2, device=dl.device()).numpy()
+
+
 PLANTED = [
     (tensor_without_device_to_a_collective, (), ["an all_reduce", "`t = torch.ones(3)`"]),
     (tensor_without_device_mixed_with_the_device, (), ["mixes", "`bias = torch.zeros(4)`"]),
@@ -187,6 +220,10 @@ PLANTED = [
     (error_caught_by_the_code, (), ["caught", "`dist.all_reduce(torch.ones(1))`"]),
     (gradient_assigned_from_the_cpu, (), ["gradient on the CPU", "`p.grad = torch.zeros(2)`"]),
     (recv_into_a_cpu_buffer, (), ["dist.recv", "`buf = torch.empty(2)`"]),
+    (numpy_of_a_device_tensor, (), ["numpy() of a tensor on this rank's device", ".cpu()"]),
+    (gradient_hook_sends_a_cpu_buffer, (), ["an all_reduce", "`bucket = torch.zeros(p.numel())`"]),
+    (custom_backward_sends_a_cpu_buffer, (), ["an all_reduce",
+                                              "`total = torch.zeros(grad.shape)`"]),
 ]
 
 
