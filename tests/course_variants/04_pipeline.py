@@ -26,7 +26,8 @@ BROADCASTS_THE_LOSS = _edit(
     "naive",
     ("        dist.send(inp.grad, dst=rank - 1)\n",
      "        dist.send(inp.grad, dst=rank - 1)\n"
-     "    value = torch.tensor([loss.item() if loss is not None else 0.0], dtype=torch.float64)\n"
+     "    value = torch.tensor([loss.item() if loss is not None else 0.0], dtype=torch.float64,\n"
+     "                         device=dev)\n"
      "    dist.broadcast(value, src=p - 1)     # every rank wants to print the loss\n"))
 
 # -- Exercise 2: schedule tables ------------------------------------------------------------
@@ -63,7 +64,8 @@ IGNORES_THE_ROW_ORDER = _edit(
 ALL_REDUCES_THE_LOSSES = _edit(
     "runner",
     ("    for handle in pending:\n",
-     "    shared = torch.tensor(losses if losses else [0.0] * m, dtype=torch.float64)\n"
+     "    shared = torch.tensor(losses if losses else [0.0] * m, dtype=torch.float64,\n"
+     "                          device=stage.device)\n"
      "    dist.all_reduce(shared)               # so that every stage knows the losses\n"
      "    for handle in pending:\n"))
 
