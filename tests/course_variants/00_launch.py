@@ -16,8 +16,9 @@ def my_rows(n: int, rank: int, world: int) -> range:
 ALL_REDUCE_INSTEAD_OF_ALL_GATHER = '''
 def gather_partial_sums(n: int) -> tuple[list[float], float]:
     rank, world = dist.get_rank(), dist.get_world_size()
+    dev = dl.device()
     total = torch.tensor([float(sum(i * i for i in my_rows(n, rank, world)))],
-                         dtype=torch.float64)
+                         dtype=torch.float64, device=dev)
     dist.all_reduce(total)
     return [total.item()] * world, total.item()
 '''
@@ -25,10 +26,11 @@ def gather_partial_sums(n: int) -> tuple[list[float], float]:
 ONE_BROADCAST_PER_RANK = '''
 def gather_partial_sums(n: int) -> tuple[list[float], float]:
     rank, world = dist.get_rank(), dist.get_world_size()
+    dev = dl.device()
     mine = float(sum(i * i for i in my_rows(n, rank, world)))
     partials = []
     for src in range(world):
-        t = torch.tensor([mine if src == rank else 0.0], dtype=torch.float64)
+        t = torch.tensor([mine if src == rank else 0.0], dtype=torch.float64, device=dev)
         dist.broadcast(t, src=src)
         partials.append(t.item())
     return partials, sum(partials)
@@ -37,9 +39,10 @@ def gather_partial_sums(n: int) -> tuple[list[float], float]:
 ONLY_MY_OWN_PART = '''
 def gather_partial_sums(n: int) -> tuple[list[float], float]:
     rank, world = dist.get_rank(), dist.get_world_size()
+    dev = dl.device()
     mine = torch.tensor([float(sum(i * i for i in my_rows(n, rank, world)))],
-                        dtype=torch.float64)
-    parts = [torch.zeros(1, dtype=torch.float64) for _ in range(world)]
+                        dtype=torch.float64, device=dev)
+    parts = [torch.zeros(1, dtype=torch.float64, device=dev) for _ in range(world)]
     dist.all_gather(parts, mine)
     return [mine.item()] * world, mine.item() * world
 '''
