@@ -874,7 +874,7 @@ def _stack_from_dump(dump: str, main_thread: int | None) -> str:
     out = ["Traceback (most recent call last):"] if parsed else []
     for m in parsed:
         path, lineno, name = m.group("file"), int(m.group("line")), m.group("name")
-        if path.endswith("c10d_logger.py") or os.sep + "multiprocessing" + os.sep in path:
+        if path.endswith(worker.PLUMBING) or os.sep + "multiprocessing" + os.sep in path:
             continue
         out.append(f'  File "{path}", line {lineno}, in {name}')
         source = linecache.getline(path, lineno).strip()

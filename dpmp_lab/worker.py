@@ -311,7 +311,7 @@ def _describe(exc: BaseException) -> tuple[str, str, str, int | None]:
 
 # Frames that only wrap the learner's call: this module's, torch's logging decorator, the
 # device audit's mode and the tracer's dispatcher kernel.
-_PLUMBING = (__file__, "c10d_logger.py", audit.__file__, trace.__file__, "contextlib.py",
+PLUMBING = (__file__, "c10d_logger.py", audit.__file__, trace.__file__, "contextlib.py",
              "overrides.py")
 
 
@@ -321,7 +321,7 @@ def _drop_plumbing(report: traceback.TracebackException | None, seen: set | None
         return
     seen.add(id(report))
     report.stack = traceback.StackSummary.from_list(
-        [f for f in report.stack if not f.filename.endswith(_PLUMBING)]
+        [f for f in report.stack if not f.filename.endswith(PLUMBING)]
     )
     _drop_plumbing(report.__cause__, seen)
     _drop_plumbing(report.__context__, seen)
