@@ -100,14 +100,14 @@ def _train(shard: str = "dl.models.shard(idx, dp_rank, dp)",
     return f'''
 def train_hybrid(dp: int, tp: int, steps: int = 3, seed: int = 0) -> dict:
     dp_group, tp_group = {groups}
-    dp_rank = dist.get_rank(dp_group)
-    model = dl.tp.parallelize_gpt(dl.models.TinyGPT(SMALL, seed=seed), tp_group)
+    dp_rank, dev = dist.get_rank(dp_group), dl.device()
+    model = dl.tp.parallelize_gpt(dl.models.TinyGPT(SMALL, seed=seed), tp_group).to(dev)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     losses, first_grads = [], None
     for step in range(steps):
         idx, targets = batch_for(step, seed)
-        idx = {shard}
-        targets = {shard_targets}
+        idx = {shard}.to(dev)
+        targets = {shard_targets}.to(dev)
         optimizer.zero_grad()
         loss = {loss}
         loss.backward()
