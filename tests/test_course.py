@@ -57,7 +57,11 @@ def test_there_are_assignments():
 
 
 @pytest.mark.parametrize("name", ASSIGNMENTS)
-def test_solution_notebook_runs_with_every_hidden_test_passing(name):
+def test_solution_notebook_runs_with_every_hidden_test_passing(name, monkeypatch):
+    """Under the device audit: every launch runs as if each rank had a GPU, so a tensor of the
+    notebook's that would be on the wrong device under nccl fails here. (The plain run on the
+    CPU is the nbgrader round trip below.)"""
+    monkeypatch.setenv("DPMP_LAB_DEVICE_AUDIT", "1")   # the kernel inherits it
     nb = source_notebook(name)
     NotebookClient(nb, timeout=600, kernel_name="python3",
                    resources={"metadata": {"path": str(ROOT / "solutions" / name)}}).execute()
@@ -79,6 +83,58 @@ def test_every_graded_cell_is_proven_to_fail_on_a_wrong_answer(name):
     caught = {cell for v in variants(name) for cell in v["loses"]}
     assert graded <= caught, f"no broken variant of {name} loses {sorted(graded - caught)}"
     assert caught <= graded, f"variants name cells that are not graded: {caught - graded}"
+
+
+# A learner's answer that works on a laptop but would put data on the wrong device on a GPU
+# server: under the audit, the exercise's own test cell shows the audit's message.
+DEVICE_MISTAKES = [
+    ("00_launch", "gather", "gather_tests",
+     ("parts = [torch.zeros(1, dtype=torch.float64, device=dev)",
+      "parts = [torch.zeros(1, dtype=torch.float64)"),
+     "an all_gather was handed a CPU tensor"),
+    ("02_data_parallel", "sharded_momentum_sgd", "sharded_momentum_sgd_tests",
+     ("grad_shard = torch.empty_like(self.momentum)",
+      "grad_shard = torch.empty(self.shard_size, dtype=self.momentum.dtype)"),
+     "a reduce_scatter was handed a CPU tensor"),
+]
+
+
+@pytest.mark.parametrize("name, cell, test_cell, edit, message", DEVICE_MISTAKES,
+                         ids=[m[0] for m in DEVICE_MISTAKES])
+def test_a_device_mistake_fails_its_test_cell_under_the_audit(name, cell, test_cell, edit,
+                                                              message, monkeypatch):
+    from tests.course_variants import solution_editor
+
+    if name not in ASSIGNMENTS:
+        pytest.skip(f"{name} is not among DPMP_LAB_ASSIGNMENTS")
+    monkeypatch.setenv("DPMP_LAB_DEVICE_AUDIT", "1")
+    nb = _with_replacements(source_notebook(name), solution_editor(name)(cell, edit))
+    NotebookClient(nb, timeout=600, kernel_name="python3", allow_errors=True,
+                   resources={"metadata": {"path": str(ROOT / "solutions" / name)}}).execute()
+    failed = {c.metadata["nbgrader"]["grade_id"]: "\n".join(o.traceback)
+              for c in nb.cells if c.cell_type == "code"
+              for o in c.outputs if o.output_type == "error"}
+    assert test_cell in failed, f"{test_cell} passed: {sorted(failed)}"
+    assert "device audit: " + message in failed[test_cell]
+    assert "dl.device()" in failed[test_cell] and "cell, line" in failed[test_cell]
+    assert stray_processes() == []
+
+
+def test_gpu_course_script_counts_the_cells_of_each_backend(tmp_path):
+    """tools/gpu_course.py on this (GPU-less) machine: every launch is gloo, none failed."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "summary.json"
+    run = subprocess.run([sys.executable, str(ROOT / "tools" / "gpu_course.py"), "00_launch",
+                          "--json", str(out)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "every notebook passed" in run.stdout
+    [row] = json.loads(out.read_text())["rows"]
+    assert row["error"] is None and row["cells_with_launches"] >= 5
+    assert row["cells_on_nccl"] == 0 and row["cells_on_gloo_only"] == row["cells_with_launches"]
+    assert row["launches_gloo"] >= row["cells_with_launches"]
+    assert stray_processes() == []
 
 
 # -- the release is what nbgrader makes of the solutions ---------------------------------------
