@@ -321,6 +321,43 @@ def _check_comm(traces: Any, expected: Mapping | Callable[[int], Mapping], *, on
         raise CheckFailed("\n\n".join(parts))
 
 
+_OVERLAP_HINT = ("the gradient communication starts only once backward has computed every "
+                 "gradient (launched after loss.backward(), in finish(), or all at once from "
+                 "the last hook): launch each bucket from a gradient hook as soon as its last "
+                 "gradient has arrived, so it travels while earlier layers still compute theirs")
+
+
+def overlaps_backward(traces: Any, op: str = "all_reduce", group: Any = None, *,
+                      hint: str = _OVERLAP_HINT) -> None:
+    """Assert that in every backward pass of every rank, some `op` call was issued while
+    gradients were still being computed: communication overlapped with backward.
+
+    The traces must come from `dl.trace(gradients_of=model)`, which records when each
+    gradient is computed. A pass counts if it computed gradients and issued `op` calls.
+    """
+    failures: dict[str, list[int]] = {}   # message -> ranks it is true of
+    for i, t in enumerate(traces_of(traces)):
+        rank = t.rank if t.rank is not None else i
+        if not t.grads_ready:
+            raise ValueError("no gradient times in the trace: record it with "
+                             "dl.trace(gradients_of=model) around forward and backward")
+        passes = [p for p in t.overlap(op, group) if p.calls]
+        if not passes:
+            failures.setdefault(f"no {op}{_on(group, None)} was issued during backward "
+                                f"({t.count(op, group)} outside it).", []).append(rank)
+            continue
+        for n, p in enumerate(passes, 1):
+            if not p.overlapped:
+                failures.setdefault(
+                    f"in backward pass {n}, all {p.calls} {op} call(s) were issued after the "
+                    f"last of its {p.grads} gradients was computed, so none of them overlapped "
+                    "backward.", []).append(rank)
+    if failures:
+        lines = [f"On {'rank' if len(r) == 1 else 'ranks'} {', '.join(map(str, r))}, {m}"
+                 for m, r in failures.items()]
+        raise CheckFailed("\n".join(lines) + f"\nLikely mistake: {hint}")
+
+
 def _key(key: Any) -> tuple[str, Any, str | None]:
     parts = (key,) if isinstance(key, str) else tuple(key)
     if not 1 <= len(parts) <= 3:
@@ -502,4 +539,4 @@ def _phase_advice(phase: Any) -> str:
 
 
 __all__ = ["CheckFailed", "FP32", "FP64", "OPS", "against_reference", "close", "comm",
-           "compare", "grads", "params", "same_on_all_ranks"]
+           "compare", "grads", "overlaps_backward", "params", "same_on_all_ranks"]

@@ -730,7 +730,7 @@ class _Launch:
                 )
                 for r in sorted(self.stuck, key=lambda r: r.rank)
             }
-            return LaunchTimeout(failures, stopped=[], hint=_HANG_HINT, **common)
+            return LaunchTimeout(failures, stopped=[], hint=_hang_hint(failures), **common)
         # A rank that crashes takes its connections with it: its peers then fail with
         # "connection closed". Those are consequences; report the cause.
         causes = {k: f for k, f in self.failures.items() if not _lost_a_peer(f)}
@@ -741,9 +741,14 @@ class _Launch:
             causes = dict(sorted(causes.items()))
             for f in causes.values():
                 f.reason = "timeout"
-                f.message = (f"waited {self.req.pg_timeout:g} s in a collective that not every "
-                             f"rank joined (process-group timeout)")
-            return LaunchTimeout(causes, stopped=stopped, hint=_HANG_HINT, **common)
+                p2p = _p2p_wait(f.traceback)
+                f.message = (
+                    f"waited {self.req.pg_timeout:g} s in a {p2p} whose partner never posted the "
+                    f"matching {'recv' if p2p == 'send' else 'send'} (process-group timeout)"
+                    if p2p else
+                    f"waited {self.req.pg_timeout:g} s in a collective that not every rank "
+                    f"joined (process-group timeout)")
+            return LaunchTimeout(causes, stopped=stopped, hint=_hang_hint(causes), **common)
         return LaunchError(causes, stopped=stopped, hint=_hint_for(causes), **common)
 
     def _knows_where(self, rank: _Rank) -> bool:
@@ -770,6 +775,32 @@ _HANG_HINT = (
     "call: a collective inside `if rank == ...`, a different number of loop iterations per rank, "
     "or collectives issued in a different order. The stack above shows where each rank waited."
 )
+_P2P_HANG_HINT = (
+    "a send or recv that never completes: its partner never posted the matching recv or send "
+    "(or posted it with another peer or tag), or every rank sent first and waits for a receiver "
+    "that is itself sending (gloo's blocking send returns only once the receiver took the data). "
+    "Post both directions at once with isend/irecv (or dist.batch_isend_irecv) and wait on "
+    "them, or order them (even ranks send first, odd ranks receive first). The stack above "
+    "shows where each rank waited."
+)
+_P2P_FUNCTIONS = ("send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list",
+                  "recv_object_list")
+_FRAME_RE = re.compile(r'File "(?P<file>[^"]+)", line \d+, in (?P<name>\w+)')
+
+
+def _p2p_wait(stack: str) -> str | None:
+    """"send" or "recv" when the innermost torch.distributed call of a stack is point-to-point."""
+    calls = [m.group("name") for m in _FRAME_RE.finditer(stack)
+             if "distributed_c10d" in m.group("file")]
+    if not calls or calls[-1] not in _P2P_FUNCTIONS:
+        return None
+    return "recv" if "recv" in calls[-1] else "send"
+
+
+def _hang_hint(failures: dict[int, RankFailure]) -> str:
+    if any(_p2p_wait(f.traceback) for f in failures.values()):
+        return _P2P_HANG_HINT
+    return _HANG_HINT
 
 
 def _hint_for(failures: dict[int, RankFailure]) -> str | None:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -86,11 +87,39 @@ class CommEvent:
     async_op: bool
     label: str | None = None
     peer: int | None = None
+    time: float = 0.0                    # time.perf_counter() when issued, in this rank
+    backward_pass: int | None = None     # which backward (autograd graph task) issued it
 
     @property
     def group_label(self) -> str | tuple[int, ...]:
         """The group as people say it: "tp" when it has a name, else its ranks."""
         return self.label if self.label is not None else self.group
+
+
+@dataclass(frozen=True)
+class GradReady:
+    """A parameter's gradient was computed (before it is added to .grad and before the
+    parameter's post-accumulate hooks run): when, and in which backward pass."""
+
+    name: str
+    time: float
+    backward_pass: int
+
+
+@dataclass(frozen=True)
+class BackwardOverlap:
+    """How one backward pass's communication lined up with its gradients."""
+
+    backward_pass: int
+    grads: int                 # gradients computed in this pass
+    last_grad: float           # when the last of them was computed
+    calls: int                 # matching calls issued in this pass
+    before_last_grad: int      # ... of which while gradients were still being computed
+    first_call: float | None   # when the first matching call was issued
+
+    @property
+    def overlapped(self) -> bool:
+        return self.before_last_grad > 0
 
 
 class Trace:
@@ -100,21 +129,56 @@ class Trace:
     `dl.launch(fn, trace=True).traces`. Filters: `op` one of OPS; `group` a name ("tp"), a
     tuple of global ranks, or a ProcessGroup; `phase` "forward", "backward" or "none" (issued
     outside both). A filter left as None matches everything.
+
+    `gradients_of=model` also records when each trainable parameter's gradient is computed
+    in backward (`grads_ready`), so `overlap()` can tell communication that overlaps backward
+    from communication that only starts once every gradient is there.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, gradients_of: torch.nn.Module | None = None) -> None:
         self.events: list[CommEvent] = []
+        self.grads_ready: list[GradReady] = []
         self.rank: int | None = None
         self.problems: list[str] = []   # tracer-internal errors; the user's calls still ran
+        self._module = gradients_of
+        self._handles: list[Any] = []
 
     def __enter__(self) -> Trace:
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             self.rank = torch.distributed.get_rank()
+        if self._module is not None:
+            for name, p in self._module.named_parameters():
+                if p.requires_grad:
+                    self._handles.append(p.register_hook(self._grad_hook(name)))
+            self._module = None   # a Trace travels back to the notebook: keep no model
         _recorder.start(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
         _recorder.stop(self)
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def _grad_hook(self, name: str):
+        def hook(grad: torch.Tensor) -> None:
+            self.grads_ready.append(GradReady(name, time.perf_counter(),
+                                              torch._C._current_graph_task_id()))
+        return hook
+
+    def overlap(self, op: str | None = None, group: Any = None) -> list[BackwardOverlap]:
+        """Per backward pass that computed gradients (needs `gradients_of=`): how many of its
+        matching calls were issued while gradients were still being computed."""
+        out = []
+        for pass_id in dict.fromkeys(g.backward_pass for g in self.grads_ready):
+            last = max(g.time for g in self.grads_ready if g.backward_pass == pass_id)
+            calls = [ev for ev in self.select(op, group, "backward")
+                     if ev.backward_pass == pass_id]
+            out.append(BackwardOverlap(
+                pass_id, sum(g.backward_pass == pass_id for g in self.grads_ready), last,
+                len(calls), sum(ev.time < last for ev in calls),
+                min((ev.time for ev in calls), default=None)))
+        return out
 
     # -- questions --------------------------------------------------------------------------
 
@@ -164,9 +228,10 @@ class Trace:
         return self.summary()._repr_html_()
 
 
-def trace() -> Trace:
-    """Start recording this rank's communication: `with dl.trace() as t: ...`."""
-    return Trace()
+def trace(gradients_of: torch.nn.Module | None = None) -> Trace:
+    """Start recording this rank's communication: `with dl.trace() as t: ...`; with
+    `gradients_of=model`, also when each gradient is computed (for `t.overlap()`)."""
+    return Trace(gradients_of)
 
 
 def name_group(group: Any, name: str) -> None:
@@ -324,6 +389,7 @@ class _Recorder:
         else:
             async_op = op in ("send", "recv") and not _blocking_p2p()
         first = tensors[0] if tensors else None
+        task = torch._C._current_graph_task_id()
         return CommEvent(
             op=op,
             group=tuple(sorted(group)),
@@ -334,6 +400,8 @@ class _Recorder:
             async_op=async_op,
             label=_labels.get(self._name(arg("process_group"))),
             peer=peer,
+            time=time.perf_counter(),
+            backward_pass=task if task != -1 else None,
         )
 
     def _name(self, boxed: Any) -> str:

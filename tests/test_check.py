@@ -277,3 +277,47 @@ def test_bad_keys_and_missing_traces_are_clear_errors():
         dl.check.comm(t, {("all_reduce", "tp", "forward", 1): 1})
     with pytest.raises(ValueError, match="launch with trace=True"):
         dl.check.comm(dl.LaunchResult(values=[1], output=[""]), {"all_reduce": 1})
+
+
+# -- overlap of communication with backward ---------------------------------------------------
+
+
+def bucketed_step(kind: str):
+    """One DP step of a 4-hidden-layer MLP whose gradients are all-reduced as `kind` says."""
+    dev = dl.device()
+    model = dl.models.TinyMLP(n_hidden=4).to(dev)
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(dist.get_rank())).to(dev)
+    if kind in ("dp", "dp_no_overlap"):
+        model = dl.dp.DataParallel(model, bucket_mb=0.002, overlap=kind == "dp")
+    params = [p for p in model.parameters() if p.requires_grad]
+    arrived = []
+
+    def all_at_the_end(p):            # the classic fake: hooks, but every send in the last one
+        arrived.append(p)
+        if len(arrived) == len(params):
+            for q in arrived:
+                dist.all_reduce(q.grad)
+    if kind == "last_hook":
+        for p in params:
+            p.register_post_accumulate_grad_hook(all_at_the_end)
+    with dl.trace(gradients_of=model) as t:
+        model(x).sum().backward()
+        if kind.startswith("dp"):
+            model.finish_gradient_sync()
+    return t
+
+
+def test_overlap_is_graded_by_when_gradients_were_computed(warm):
+    real = dl.launch(bucketed_step, "dp", world_size=2, stream=False).values
+    dl.check.overlaps_backward(real)
+    for t in real:
+        [p] = t.overlap("all_reduce")
+        assert p.grads == 10 and 0 < p.before_last_grad < p.calls
+    for kind, words in (("dp_no_overlap", "no all_reduce was issued during backward"),
+                        ("last_hook", "were issued after the last of its 10 gradients")):
+        traces = dl.launch(bucketed_step, kind, world_size=2, stream=False).values
+        with pytest.raises(dl.check.CheckFailed, match=words) as info:
+            dl.check.overlaps_backward(traces)
+        assert "Likely mistake: the gradient communication starts only once" in str(info.value)
+    with pytest.raises(ValueError, match="gradients_of=model"):
+        dl.check.overlaps_backward(dl.Trace())

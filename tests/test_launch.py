@@ -292,6 +292,31 @@ def test_process_group_timeout_is_reported_as_a_hang():
     assert "process-group timeout" in f.message and "all_reduce" in f.traceback
 
 
+def both_send_first():
+    other = 1 - dist.get_rank()
+    dist.send(torch.ones(2), dst=other)      # gloo: waits for a recv the other never posts
+    buf = torch.empty(2)
+    dist.recv(buf, src=other)
+
+
+def test_point_to_point_deadlock_is_named_as_one_not_as_a_collective():
+    with pytest.raises(dl.LaunchTimeout) as info:
+        dl.launch(both_send_first, world_size=2, timeout=30, pg_timeout=2, stream=False)
+    for f in info.value.failures.values():
+        assert f.message.startswith("waited 2 s in a send whose partner never posted the "
+                                    "matching recv"), f.message
+    assert "collective" not in info.value.hint and "isend/irecv" in info.value.hint
+    # the same reading of a stack that faulthandler dumped on a launch timeout
+    from dpmp_lab.launch import _p2p_wait
+    stuck = ('  File "/x/torch/distributed/distributed_c10d.py", line 9, in recv\n'
+             '  File "/x/torch/distributed/distributed_c10d.py", line 9, in wait\n')
+    assert _p2p_wait('  File "cell", line 3, in f\n' + stuck) is None   # innermost is wait
+    assert _p2p_wait('  File "/x/torch/distributed/distributed_c10d.py", line 9, in irecv') \
+        == "recv"
+    assert _p2p_wait('  File "/x/torch/distributed/distributed_c10d.py", line 9, in '
+                     'all_reduce') is None
+
+
 def test_python_hang_shows_where_each_rank_is():
     def spin():
         while True:
