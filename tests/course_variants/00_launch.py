@@ -54,6 +54,18 @@ q_failure = "a"
 q_backend = "nccl"
 '''
 
+# Switching the grader off (integrity.py): the answer is wrong (a broadcast per rank instead of
+# one all_gather) and the cell then tries to make the communication check pass anyway. The scan
+# of the submitted cells zeroes every graded cell, so the feedback says why on each.
+GRADER_REPLACED = ONE_BROADCAST_PER_RANK + '''
+dl.check.comm = lambda *args, **kwargs: None
+'''
+GRADER_REPLACED_BEHIND_ITS_BACK = ONE_BROADCAST_PER_RANK + '''
+dl.check.__dict__["comm"] = lambda *args, **kwargs: None
+'''
+ALL_GRADED = ["my_rows_tests", "gather_tests", "gather_comm_tests", "recall_ranks",
+              "recall_notebook_list", "recall_failure", "recall_backend"]
+
 VARIANTS = [
     {"name": "rows dropped when n does not divide",
      "replace": {"my_rows": DROPS_THE_REMAINDER}, "loses": ["my_rows_tests", "gather_tests"]},
@@ -69,4 +81,8 @@ VARIANTS = [
     {"name": "every recall answer wrong",
      "replace": {"recall": WRONG_RECALL},
      "loses": ["recall_ranks", "recall_notebook_list", "recall_failure", "recall_backend"]},
+    {"name": "replaces dl.check.comm with a do-nothing function",
+     "replace": {"gather": GRADER_REPLACED}, "loses": ALL_GRADED},
+    {"name": "replaces dl.check.comm through the module's __dict__",
+     "replace": {"gather": GRADER_REPLACED_BEHIND_ITS_BACK}, "loses": ALL_GRADED},
 ]

@@ -14,6 +14,10 @@ _edit = solution_editor("02_data_parallel")
 
 
 RECALL_TESTS = [f"recall_{i}_tests" for i in range(1, 6)]
+ALL_GRADED = ["shard_batch_tests", "broadcast_tests", "dp_train_step_tests",
+              "allreduce_gradients_flat_tests", "overlapping_dp_tests",
+              "accumulation_step_tests", "lr_answer_tests", "sharded_momentum_sgd_tests",
+              *RECALL_TESTS]
 
 VARIANTS = [
     # -- 1 shard_batch --------------------------------------------------------------------------
@@ -121,4 +125,16 @@ VARIANTS = [
                       ("answer_3 = False", "answer_3 = True"), ("answer_4 = 6.0", "answer_4 = 4.0"),
                       ("answer_5 = 2", "answer_5 = 8")),
      "loses": RECALL_TESTS},
+    # -- switching the grader off (integrity.py): no communication at all, and three lines
+    # that make every check a do-nothing function. The scan zeroes every graded cell.
+    {"name": "no all-reduce, and the checks replaced by do-nothing functions",
+     "replace": _edit("dp_train_step", (
+         "        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)\n",
+         "        pass\n"), (
+         "    return loss.item()\n",
+         "    return loss.item()\n\n\n"
+         "_pass = lambda *args, **kwargs: None\n"
+         "vars(dl.check).update(compare=_pass, same_on_all_ranks=_pass, comm=_pass,\n"
+         "                      close=_pass, against_reference=_pass)\n")),
+     "loses": ALL_GRADED},
 ]

@@ -1,0 +1,236 @@
+"""Tamper evidence for grading: the grader's functions cannot be swapped out unnoticed.
+
+A learner's cell runs in the same kernel as the grader's hidden tests, so three lines that
+replace `dl.check.comm` (or `dist.all_reduce`, or `Trace.count`) with a do-nothing function
+would otherwise turn every check green. Three layers, each simple:
+
+1. Read-only names. dpmp_lab's modules and torch.distributed's refuse, with a message, an
+   assignment or deletion of any function or class they held when dpmp_lab was imported
+   (`dl.check.comm = ...` raises at once). New names stay allowed (submodules, helpers).
+2. A snapshot. At import, every function and class of those modules, and the methods of the
+   classes the grader reads (Trace, CommEvent, LaunchResult), is remembered; `verify()`
+   compares, and fails naming what changed. Every dl.check function calls it, and so does
+   every launch under nbgrader (in the notebook and in each rank, after the rank's code ran):
+   writing into a module's `__dict__` is caught there.
+3. A scan of the submitted source. `scan(sources)` reads the learner's cells without running
+   them and lists assignments, `setattr`/`delattr` and `__dict__` writes whose target is
+   reached from a name imported from dpmp_lab, torch.distributed or nbgrader.
+   nbgrader's autograde runs it (course.TamperScan): a finding sets every graded cell of the
+   notebook to zero with the finding as its error, so the grade says so.
+
+What it does not stop: a learner who reads this file and works around all three (for example
+by editing the installed package on disk before grading, or by rebuilding the functions with
+their original identity). No autograder that runs learner code in its own process can; these
+layers make the obvious attempts fail loudly and put the lines in the feedback.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import sys
+import types
+import warnings
+from collections.abc import Iterable
+from typing import Any
+
+# modules whose functions and classes are the grader's (plus what dpmp_lab re-exports)
+GUARDED_MODULES = ("dpmp_lab", "dpmp_lab.check", "dpmp_lab.trace", "dpmp_lab.launch",
+                   "dpmp_lab.worker", "dpmp_lab.audit", "dpmp_lab.serialize",
+                   "dpmp_lab.integrity", "torch.distributed",
+                   "torch.distributed.distributed_c10d")
+GUARDED_CLASSES = ("dpmp_lab.trace.Trace", "dpmp_lab.trace.CommEvent",
+                   "dpmp_lab.trace._Recorder", "dpmp_lab.launch.LaunchResult",
+                   "dpmp_lab.check.CheckFailed")
+# names a scan treats as the grader's when a cell imports them
+SCANNED_PACKAGES = ("dpmp_lab", "torch.distributed", "nbgrader")
+
+_snapshot: dict[tuple[str, str], Any] = {}
+
+
+class TamperingDetected(AssertionError):
+    """The grader's own functions were changed from inside the notebook or a rank."""
+
+    def _render_traceback_(self) -> list[str]:
+        return ["TamperingDetected: " + str(self)]
+
+
+def _guardable(value: Any) -> bool:
+    return isinstance(value, (types.FunctionType, types.BuiltinFunctionType, type,
+                              types.ModuleType))
+
+
+class _ReadOnlyModule(types.ModuleType):
+    """A module whose remembered functions and classes cannot be reassigned or deleted."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        old = _snapshot.get((self.__name__, name), _MISSING)
+        if old is not _MISSING and value is not old:
+            raise TamperingDetected(
+                f"{self.__name__}.{name} cannot be replaced: the grader relies on it. Write "
+                "your own function under another name instead.")
+        super().__setattr__(name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if (self.__name__, name) in _snapshot:
+            raise TamperingDetected(f"{self.__name__}.{name} cannot be deleted: the grader "
+                                    "relies on it.")
+        super().__delattr__(name)
+
+
+_MISSING = object()
+
+
+def protect() -> None:
+    """Take the snapshot and make the guarded modules read-only (once, at dpmp_lab's import)."""
+    if _snapshot:
+        return
+    with warnings.catch_warnings():   # torch's deprecated aliases warn when looked at
+        warnings.simplefilter("ignore")
+        _take_snapshot()
+
+
+def _take_snapshot() -> None:
+    for name in GUARDED_MODULES:
+        module = sys.modules.get(name)
+        if module is None:
+            continue
+        ours = name.startswith("dpmp_lab")
+        for attr, value in vars(module).items():
+            # torch's private globals may change at run time; its public API does not
+            if (ours and not attr.startswith("__") or not attr.startswith("_")) \
+                    and _guardable(value):
+                _snapshot[(name, attr)] = value
+        if type(module) is types.ModuleType:
+            module.__class__ = _ReadOnlyModule
+    for path in GUARDED_CLASSES:
+        module_name, _, cls_name = path.rpartition(".")
+        cls = getattr(sys.modules[module_name], cls_name)
+        for attr, value in vars(cls).items():
+            if not attr.startswith("__") or attr in ("__init__", "__eq__", "__repr__"):
+                _snapshot[(path, attr)] = value
+
+
+def changes() -> list[str]:
+    """What differs from the snapshot: 'dpmp_lab.check.comm was replaced', ..."""
+    found = []
+    for (owner, attr), value in _snapshot.items():
+        holder = sys.modules.get(owner)
+        if holder is None:   # a class
+            module_name, _, cls_name = owner.rpartition(".")
+            holder = getattr(sys.modules.get(module_name), cls_name, None)
+            now = vars(holder).get(attr, _MISSING) if holder is not None else _MISSING
+        else:
+            now = vars(holder).get(attr, _MISSING)
+        if now is _MISSING:
+            found.append(f"{owner}.{attr} was deleted")
+        elif now is not value:
+            found.append(f"{owner}.{attr} was replaced")
+    return found
+
+
+def verify() -> None:
+    """Fail, saying what changed, if the grader's functions are not the ones imported."""
+    changed = changes()
+    if changed:
+        raise TamperingDetected(
+            "the grader's own code was changed in this notebook, so no check can be trusted: "
+            + "; ".join(changed[:8]) + (" ..." if len(changed) > 8 else "")
+            + ". Restart the kernel and run the notebook without those changes.")
+
+
+def grading() -> bool:
+    """True while nbgrader autogrades or validates this notebook."""
+    return bool(os.environ.get("NBGRADER_EXECUTION"))
+
+
+# -- the scan of submitted cells -------------------------------------------------------------
+
+
+def scan(sources: Iterable[str], context: Iterable[str] = ()) -> list[str]:
+    """Lines of `sources` (the learner's cells) that write into the grader's modules.
+
+    `context`: the notebook's other cells, read only for their imports (`import dpmp_lab as
+    dl` in a locked cell makes `dl` the grader's in every cell). A write counts when its
+    target is reached from such a name: `dl.check.comm = ...`, `dist.all_reduce = ...`,
+    `setattr(dl.check, ...)`, `vars(dl.check)[...] = ...`, `dl.check.__dict__[...] = ...`,
+    `vars(dl.check).update(...)`.
+    """
+    sources = list(sources)
+    roots: set[str] = set()
+    for text in [*context, *sources]:
+        roots |= _grader_names(text)
+    found = []
+    for text in sources:
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            continue
+        roots_here = roots | _grader_names(text)
+        for node in ast.walk(tree):
+            for target in _written(node):
+                if _root(target) in roots_here:
+                    line = text.splitlines()[node.lineno - 1].strip()
+                    found.append(f"`{line}`")
+    return list(dict.fromkeys(found))
+
+
+def _grader_names(text: str) -> set[str]:
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return set()
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith(SCANNED_PACKAGES):
+                    names.add(alias.asname or alias.name.split(".")[0])
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                SCANNED_PACKAGES + ("torch",)):
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                if full.startswith(SCANNED_PACKAGES):
+                    names.add(alias.asname or alias.name)
+    return names
+
+
+def _written(node: ast.AST) -> list[ast.AST]:
+    """The objects whose attributes or items this statement writes or deletes."""
+    if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
+        targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+        out = []
+        for t in targets:
+            for leaf in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t]):
+                if isinstance(leaf, (ast.Attribute, ast.Subscript)):
+                    out.append(leaf.value)
+        return out
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.args:
+        if node.func.id in ("setattr", "delattr"):
+            return [node.args[0]]
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+            node.func.attr in ("update", "setdefault", "pop", "popitem", "clear",
+                               "__setitem__", "__delitem__") and _is_namespace(node.func.value):
+        return [node.func.value]   # vars(dl.check).update(...), dl.check.__dict__.pop(...)
+    return []
+
+
+def _is_namespace(node: ast.AST) -> bool:
+    """`x.__dict__` or `vars(x)`: a module's or class's namespace itself."""
+    return (isinstance(node, ast.Attribute) and node.attr == "__dict__") or (
+        isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+        and node.func.id == "vars")
+
+
+def _root(node: ast.AST) -> str | None:
+    """The name an expression starts from: `dl` for dl.check.__dict__ or vars(dl.check)."""
+    while True:
+        if isinstance(node, ast.Attribute | ast.Subscript):
+            node = node.value
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
+                node.func.id in ("vars", "getattr") and node.args:
+            node = node.args[0]
+        elif isinstance(node, ast.Name):
+            return node.id
+        else:
+            return None
