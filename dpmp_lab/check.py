@@ -12,7 +12,8 @@ not our internals.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -282,6 +283,77 @@ def _numbers_report(failures: list[tuple[int, str, str]], world: int) -> str:
     return "\n".join(lines)
 
 
+# -- the library's references, switched off while the learner's own code is graded -------------
+
+
+class ReferenceSwitchedOff(RuntimeError):
+    """The exercise is graded on the learner's code: the library's version is off."""
+
+
+@contextlib.contextmanager
+def references_off(*targets: str) -> Iterator[None]:
+    """While inside, the library's own versions of what an exercise builds raise a clear error.
+
+    targets: names under dpmp_lab, e.g. "tp" (every public function and class of dl.tp and its
+    private collective helpers), "tp.copy_to_tp_region", "dp.DataParallel", or a method of a
+    class, "GridLayout.groups". Use it the same way in the visible and the hidden tests (in
+    the notebook, or in the ranks through `with_references_off`), and say so in the exercise.
+    """
+    patches = [(owner, name) for target in targets for owner, name in _resolve_targets(target)]
+    saved = [(owner, name, vars(owner)[name]) for owner, name in patches]
+    try:
+        for owner, name, _ in saved:
+            setattr(owner, name, _switched_off(owner, name))
+        yield
+    finally:
+        for owner, name, value in reversed(saved):
+            setattr(owner, name, value)
+
+
+def with_references_off(fn: Callable[..., Any], *targets: str) -> Callable[..., Any]:
+    """`fn`, run with `references_off(*targets)` around it: a function to launch on the ranks."""
+    def graded(*args: Any, **kwargs: Any) -> Any:
+        with references_off(*targets):
+            return fn(*args, **kwargs)
+    graded.__name__ = getattr(fn, "__name__", "graded")
+    return graded
+
+
+def _resolve_targets(target: str) -> list[tuple[Any, str]]:
+    import importlib
+
+    head, _, rest = target.partition(".")
+    try:
+        module = importlib.import_module(f"dpmp_lab.{head}")
+    except ImportError:
+        module = None
+    if module is not None and not rest:          # a whole module: its public names
+        names = [n for n in getattr(module, "__all__", []) if callable(getattr(module, n))]
+        names += [n for n in ("_all_reduce", "_all_gather", "_reduce_scatter")
+                  if n in vars(module)]
+        return [(module, n) for n in names]
+    import dpmp_lab
+
+    owner: Any = module if module is not None else dpmp_lab
+    parts = rest.split(".") if module is not None else target.split(".")
+    for part in parts[:-1]:
+        owner = getattr(owner, part)
+    if parts[-1] not in vars(owner):
+        raise ValueError(f"references_off: dpmp_lab has no {target!r} to switch off")
+    return [(owner, parts[-1])]
+
+
+def _switched_off(owner: Any, name: str) -> Callable[..., Any]:
+    where = getattr(owner, "__name__", "").removeprefix("dpmp_lab.")
+    label = f"dl.{where}.{name}" if where and where != "dpmp_lab" else f"dl.{name}"
+
+    def off(*args: Any, **kwargs: Any) -> Any:
+        raise ReferenceSwitchedOff(
+            f"{label} is switched off here: this exercise is graded on your own code, so write "
+            "it yourself (the library's version is there to compare with afterwards)")
+    return off
+
+
 # -- communication ------------------------------------------------------------------------------
 
 
@@ -473,8 +545,7 @@ def _comm_hints(rows: list[_Row], hints: Mapping, n_params: int | None) -> list[
             out.append(mine[0])
         if expected_ops and expected_ops <= {"send", "recv"} and row.op not in ("send", "recv"):
             out.append(f"this exercise builds its communication from send/recv only, but "
-                       f"torch's {row.op} was called: write it with dist.send/dist.recv (or "
-                       "isend/irecv)")
+                       f"torch's {row.op} was called: {_P2P_ADVICE}")
         else:
             out.append(f"{row.seen} unexpected {row.op} call(s) on group "
                        f"{viz._cell(row.group)}: communication the algorithm does not need "
@@ -521,8 +592,13 @@ def _swapped_op(op: str, extra: list[_Row]) -> str:
     if op in ("send", "recv") and others - {"send", "recv"}:
         used = ", ".join(sorted(others - {"send", "recv"}))
         return (f"torch's {used} was called, but this exercise builds the communication from "
-                "point-to-point messages: write it with dist.send/dist.recv (or isend/irecv)")
+                f"point-to-point messages: {_P2P_ADVICE}")
     return ""
+
+
+_P2P_ADVICE = ("post each send together with its receive (dist.isend/dist.irecv, or "
+               "dist.batch_isend_irecv, then wait), since on gloo a blocking send waits for its "
+               "receiver, and ranks that all send first wait forever")
 
 
 def _on(group: Any, phase: Any) -> str:
@@ -545,4 +621,5 @@ def _phase_advice(phase: Any) -> str:
 
 
 __all__ = ["CheckFailed", "FP32", "FP64", "OPS", "against_reference", "close", "comm",
-           "compare", "grads", "overlaps_backward", "params", "same_on_all_ranks"]
+           "compare", "grads", "overlaps_backward", "params", "references_off",
+           "same_on_all_ranks", "with_references_off", "ReferenceSwitchedOff"]

@@ -321,3 +321,29 @@ def test_overlap_is_graded_by_when_gradients_were_computed(warm):
         assert "Likely mistake: the gradient communication starts only once" in str(info.value)
     with pytest.raises(ValueError, match="gradients_of=model"):
         dl.check.overlaps_backward(dl.Trace())
+
+
+# -- references switched off while the learner's own code is graded ---------------------------
+
+
+def uses_the_library_reference():
+    x = torch.ones(2, device=dl.device())
+    return dl.tp.copy_to_tp_region(x, dist.group.WORLD).sum().item()
+
+
+def test_references_off_in_the_notebook_and_in_the_ranks(warm):
+    with dl.check.references_off("tp", "GridLayout.groups", "dp.DataParallel"):
+        with pytest.raises(dl.check.ReferenceSwitchedOff, match=r"dl.tp.ColumnParallelLinear is"):
+            dl.tp.ColumnParallelLinear(4, 4)
+        with pytest.raises(dl.check.ReferenceSwitchedOff, match=r"dl.GridLayout.groups"):
+            dl.GridLayout(dp=2, tp=2).groups("dp")
+        with pytest.raises(dl.check.ReferenceSwitchedOff, match="graded on your own code"):
+            dl.dp.DataParallel(torch.nn.Linear(2, 2))
+    assert dl.GridLayout(dp=2, tp=2).groups("dp") == [(0, 2), (1, 3)]   # restored
+    assert dl.launch(uses_the_library_reference, world_size=1, stream=False).values == [2.0]
+    graded = dl.check.with_references_off(uses_the_library_reference, "tp")
+    with pytest.raises(dl.LaunchError, match="dl.tp.copy_to_tp_region is switched off"):
+        dl.launch(graded, world_size=1, stream=False)
+    with pytest.raises(ValueError, match="no 'tp.nothing_like_this'"):
+        with dl.check.references_off("tp.nothing_like_this"):
+            pass
