@@ -66,7 +66,7 @@ def compare(values: Sequence[Any], expected: Any, *, rtol: float | None = None,
                 failures.append((rank, name, f"is missing: rank {rank} returned "
                                  f"{_names(got_map)}"))
                 continue
-            problem = _difference(got_map[name], exp, rtol, atol)
+            problem = _difference(got_map[name], exp, rtol, atol, world=len(values))
             if problem:
                 failures.append((rank, name, problem))
     if failures:
@@ -195,7 +195,8 @@ def _where(name: str, rank: int | None) -> str:
     return f"rank {rank}: {name!r}" if rank is not None else repr(name)
 
 
-def _difference(actual: Any, expected: Any, rtol: float, atol: float) -> str:
+def _difference(actual: Any, expected: Any, rtol: float, atol: float,
+                world: int | None = None) -> str:
     """'' when close enough, else a sentence that says how far off and what it suggests."""
     if expected is None:
         return "" if actual is None else "should be None"
@@ -209,7 +210,9 @@ def _difference(actual: Any, expected: Any, rtol: float, atol: float) -> str:
         return "" if actual == expected else f"is {actual!r}, expected {expected!r}"
     if a.shape != e.shape:
         msg = f"has shape {tuple(a.shape)}, expected {tuple(e.shape)}"
-        if a.numel() and e.numel() % a.numel() == 0 and e.numel() != a.numel():
+        if not a.numel():
+            msg += ": it is empty (nothing was filled in, gathered or concatenated)"
+        elif e.numel() % a.numel() == 0 and e.numel() != a.numel():
             k = e.numel() // a.numel()
             msg += (f": 1/{k} of the elements, a shard rather than the whole tensor "
                     "(gather missing, or the wrong dimension split?)")
@@ -233,7 +236,7 @@ def _difference(actual: Any, expected: Any, rtol: float, atol: float) -> str:
             f"{' at ' + str(list(where)) if where else ''} (got {a64[where].item():.6g}, "
             f"expected {e64[where].item():.6g}), max rel error {rel:.3g}; allowed "
             f"|got - expected| <= {atol:g} + {rtol:g} * |expected|")
-    hint = _scale_hint(a64, e64, rtol, atol)
+    hint = _scale_hint(a64, e64, rtol, atol, world)
     return text + (f".\n  Likely mistake: {hint}" if hint else "")
 
 
@@ -245,7 +248,11 @@ def _largest_error(a: torch.Tensor, e: torch.Tensor) -> tuple[float, tuple[int, 
     return err.max().item(), where
 
 
-def _scale_hint(a: torch.Tensor, e: torch.Tensor, rtol: float, atol: float) -> str:
+def _scale_hint(a: torch.Tensor, e: torch.Tensor, rtol: float, atol: float,
+                world: int | None = None) -> str:
+    """The likely mistake when `a` is `e` times a constant. A whole factor n is read as a sum
+    over n ranks (or micro-batches) not divided by n; when n exceeds the ranks of the run, it
+    cannot be the ranks: micro-batches, or a wrong constant."""
     if not torch.count_nonzero(a):
         return ("every element is zero: the value was never filled in, or was zeroed after it "
                 "was computed (zero_grad in the wrong place?)")
@@ -255,13 +262,16 @@ def _scale_hint(a: torch.Tensor, e: torch.Tensor, rtol: float, atol: float) -> s
     scale = (a * e).sum().item() / denom
     if abs(scale - 1) < 1e-3 or not torch.allclose(a, scale * e, rtol=10 * rtol, atol=10 * atol):
         return ""
-    if abs(scale - round(scale)) < 1e-3 and round(scale) > 1:
-        n = round(scale)
+    whole = [n for n in (scale, 1 / scale) if abs(n - round(n)) < 1e-3 and round(n) > 1]
+    n = round(whole[0]) if whole else None
+    if n is not None and world is not None and n > world:
+        return (f"every element is {n}x the reference: a sum over {n} micro-batches or parts "
+                f"that was not divided by {n} (not over the ranks: this run has {world}), or a "
+                "wrong constant factor in the formula")
+    if n is not None and scale > 1:
         return (f"every element is {n}x the reference: a sum over {n} ranks or micro-batches "
                 f"that was not divided by {n} (an average is sum / count)")
-    inv = 1 / scale
-    if abs(inv - round(inv)) < 1e-3 and round(inv) > 1:
-        n = round(inv)
+    if n is not None:
         return (f"every element is 1/{n} of the reference: divided by {n} once too often, or "
                 f"only this rank's part without the sum over {n} ranks")
     return f"every element is {scale:.3g}x the reference (a wrong scale factor)"
@@ -300,14 +310,10 @@ def references_off(*targets: str) -> Iterator[None]:
     the notebook, or in the ranks through `with_references_off`), and say so in the exercise.
     """
     patches = [(owner, name) for target in targets for owner, name in _resolve_targets(target)]
-    saved = [(owner, name, vars(owner)[name]) for owner, name in patches]
-    try:
-        for owner, name, _ in saved:
-            setattr(owner, name, _switched_off(owner, name))
+    with contextlib.ExitStack() as stack:
+        for owner, name in patches:   # through integrity: dl.ProcessGrid itself is guarded
+            stack.enter_context(integrity.swapped(owner, name, _switched_off(owner, name)))
         yield
-    finally:
-        for owner, name, value in reversed(saved):
-            setattr(owner, name, value)
 
 
 def with_references_off(fn: Callable[..., Any], *targets: str) -> Callable[..., Any]:
@@ -343,15 +349,32 @@ def _resolve_targets(target: str) -> list[tuple[Any, str]]:
     return [(owner, parts[-1])]
 
 
-def _switched_off(owner: Any, name: str) -> Callable[..., Any]:
+class _SwitchedOff:
+    """Stands in for a switched-off function or class: calling it, or reaching any attribute
+    of it (`ColumnParallelLinear.from_dense`), raises ReferenceSwitchedOff."""
+
+    def __init__(self, label: str) -> None:
+        object.__setattr__(self, "_label", label)
+
+    def _refuse(self) -> ReferenceSwitchedOff:
+        return ReferenceSwitchedOff(
+            f"{self._label} is switched off here: this exercise is graded on your own code, so "
+            "write it yourself (the library's version is there to compare with afterwards)")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise self._refuse()
+
+    def __getattr__(self, name: str) -> Any:
+        raise self._refuse()
+
+    def __repr__(self) -> str:
+        return f"<{self._label}: switched off>"
+
+
+def _switched_off(owner: Any, name: str) -> _SwitchedOff:
     where = getattr(owner, "__name__", "").removeprefix("dpmp_lab.")
     label = f"dl.{where}.{name}" if where and where != "dpmp_lab" else f"dl.{name}"
-
-    def off(*args: Any, **kwargs: Any) -> Any:
-        raise ReferenceSwitchedOff(
-            f"{label} is switched off here: this exercise is graded on your own code, so write "
-            "it yourself (the library's version is there to compare with afterwards)")
-    return off
+    return _SwitchedOff(label)
 
 
 # -- communication ------------------------------------------------------------------------------
@@ -538,11 +561,11 @@ def _comm_hints(rows: list[_Row], hints: Mapping, n_params: int | None) -> list[
         else:
             out.append(f"{row.expected - row.seen} {op} call(s) missing{_on(group, phase)}")
     for row in extra:
+        mine = [msg for key, msg in custom.items() if _matcher(*key)(row.example)]
+        if mine:   # the exercise's own words for a call it did not expect, even if explained
+            out.append(mine[0])
         if id(row) in explained:
             continue
-        mine = [msg for key, msg in custom.items() if _matcher(*key)(row.example)]
-        if mine:
-            out.append(mine[0])
         if expected_ops and expected_ops <= {"send", "recv"} and row.op not in ("send", "recv"):
             out.append(f"this exercise builds its communication from send/recv only, but "
                        f"torch's {row.op} was called: {_P2P_ADVICE}")

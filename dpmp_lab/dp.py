@@ -186,7 +186,8 @@ class DataParallel(nn.Module):
         if self._round_open and self._sync_enabled and self.overlap and torch.is_grad_enabled():
             raise RuntimeError("the gradients of the last backward were never averaged: call "
                                "model.finish_gradient_sync() after backward and before "
-                               "optimizer.step()")
+                               "optimizer.step(), or, to accumulate gradients over several "
+                               "backwards, run all but the last inside `with model.no_sync():`")
         return self.module(*args, **kwargs)
 
     @contextlib.contextmanager

@@ -27,11 +27,12 @@ layers make the obvious attempts fail loudly and put the lines in the feedback.
 from __future__ import annotations
 
 import ast
+import contextlib
 import os
 import sys
 import types
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 # modules whose functions and classes are the grader's (plus what dpmp_lab re-exports)
@@ -111,6 +112,32 @@ def _take_snapshot() -> None:
                 _snapshot[(path, attr)] = value
 
 
+@contextlib.contextmanager
+def swapped(owner: Any, name: str, value: Any) -> Iterator[None]:
+    """The one sanctioned change: `owner.name` is `value` while inside, snapshot included, so
+    the guard and verify() accept it (dl.check.references_off switches references off so)."""
+    key = (getattr(owner, "__name__", ""), name)
+    if isinstance(owner, type):
+        key = (f"{owner.__module__}.{owner.__qualname__}", name)
+    guarded = key in _snapshot
+    old = vars(owner)[name]
+    try:
+        if guarded:
+            _snapshot[key] = value
+        if isinstance(owner, types.ModuleType):
+            vars(owner)[name] = value
+        else:
+            setattr(owner, name, value)
+        yield
+    finally:
+        if isinstance(owner, types.ModuleType):
+            vars(owner)[name] = old
+        else:
+            setattr(owner, name, old)
+        if guarded:
+            _snapshot[key] = old
+
+
 def changes() -> list[str]:
     """What differs from the snapshot: 'dpmp_lab.check.comm was replaced', ..."""
     found = []
@@ -154,7 +181,7 @@ def scan(sources: Iterable[str], context: Iterable[str] = ()) -> list[str]:
     dl` in a locked cell makes `dl` the grader's in every cell). A write counts when its
     target is reached from such a name: `dl.check.comm = ...`, `dist.all_reduce = ...`,
     `setattr(dl.check, ...)`, `vars(dl.check)[...] = ...`, `dl.check.__dict__[...] = ...`,
-    `vars(dl.check).update(...)`.
+    `vars(dl.check).update(...)`, `dl.integrity.swapped(...)`.
     """
     sources = list(sources)
     roots: set[str] = set()
@@ -212,6 +239,9 @@ def _written(node: ast.AST) -> list[ast.AST]:
             node.func.attr in ("update", "setdefault", "pop", "popitem", "clear",
                                "__setitem__", "__delitem__") and _is_namespace(node.func.value):
         return [node.func.value]   # vars(dl.check).update(...), dl.check.__dict__.pop(...)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+            node.func.attr == "swapped":
+        return [node.func.value]   # dl.integrity.swapped(...): the grader's own door
     return []
 
 

@@ -347,3 +347,22 @@ def test_references_off_in_the_notebook_and_in_the_ranks(warm):
     with pytest.raises(ValueError, match="no 'tp.nothing_like_this'"):
         with dl.check.references_off("tp.nothing_like_this"):
             pass
+
+
+def test_messages_for_empty_results_wrong_constants_and_switched_off_classes():
+    with pytest.raises(CheckFailed, match="it is empty"):
+        dl.check.compare([{"Y": torch.zeros(0)}], {"Y": torch.ones(4)})
+    e = torch.linspace(1, 2, 6, dtype=torch.float64)
+    with pytest.raises(CheckFailed, match="not over the ranks: this run has 2.*wrong constant factor") as info:
+        dl.check.compare([{"m": 10 * e}, {"m": 10 * e}], {"m": e}, dtype=torch.float64)
+    assert "ranks or micro-batches" not in str(info.value)
+    with pytest.raises(CheckFailed, match="2x the reference: a sum over 2 ranks"):
+        dl.check.compare([{"m": 2 * e}, {"m": 2 * e}], {"m": e}, dtype=torch.float64)
+    with dl.check.references_off("ProcessGrid"):      # a top-level, guarded name too
+        with pytest.raises(dl.check.ReferenceSwitchedOff, match="dl.ProcessGrid is switched"):
+            dl.ProcessGrid(dp=1)
+        dl.integrity.verify()                          # the sanctioned swap is no tampering
+    assert dl.ProcessGrid.__name__ == "ProcessGrid"
+    with dl.check.references_off("tp.ColumnParallelLinear"):
+        with pytest.raises(dl.check.ReferenceSwitchedOff, match="ColumnParallelLinear is switc"):
+            dl.tp.ColumnParallelLinear.from_dense(torch.nn.Linear(2, 2), None)

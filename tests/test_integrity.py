@@ -71,6 +71,7 @@ GIVEN = ["import torch\nimport torch.distributed as dist\nimport dpmp_lab as dl\
     "dl.Trace.count = lambda self, *a: 0",
     "comm.__code__ = (lambda *a: None).__code__",
     "del dl.check.comm",
+    "with dl.integrity.swapped(dl.check, 'comm', print): pass",
 ])
 def test_scan_finds_writes_into_the_grader(line):
     assert integrity.scan(["def f():\n    return 1\n" + line], context=GIVEN) == [f"`{line}`"]
