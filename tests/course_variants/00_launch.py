@@ -1,4 +1,10 @@
-"""Wrong answers to 00_launch, and the graded cells each must lose (all others keep points)."""
+"""Wrong answers to 00_launch, and the graded cells each must lose (all others keep points).
+
+"visible": the visible test cells that already fail on the learner's side, before hand-in."""
+
+from tests.course_variants import solution_editor
+
+_edit = solution_editor("00_launch")
 
 DROPS_THE_REMAINDER = '''
 def my_rows(n: int, rank: int, world: int) -> range:
@@ -6,28 +12,31 @@ def my_rows(n: int, rank: int, world: int) -> range:
     return range(rank * size, (rank + 1) * size)
 '''
 
-OVERLAPPING_ROWS = '''
+OVERLAPPING_ROWS = _edit("my_rows", (
+    "return range(start, start + base + (1 if rank < extra else 0))",
+    "return range(start, min(n, start + base + 1))"))
+
+# The library's split instead of one's own: switched off while my_rows is graded.
+CALLS_THE_LIBRARY = '''
 def my_rows(n: int, rank: int, world: int) -> range:
-    base, extra = divmod(n, world)
-    start = rank * base + min(rank, extra)
-    return range(start, min(n, start + base + 1))
+    return dl.models.shard_range(n, rank, world)
 '''
 
 ALL_REDUCE_INSTEAD_OF_ALL_GATHER = '''
-def gather_partial_sums(n: int) -> tuple[list[float], float]:
+def gather_partial_sums(n: int, rows_of) -> tuple[list[float], float]:
     rank, world = dist.get_rank(), dist.get_world_size()
     dev = dl.device()
-    total = torch.tensor([float(sum(i * i for i in my_rows(n, rank, world)))],
+    total = torch.tensor([float(sum(i * i for i in rows_of(n, rank, world)))],
                          dtype=torch.float64, device=dev)
     dist.all_reduce(total)
     return [total.item()] * world, total.item()
 '''
 
 ONE_BROADCAST_PER_RANK = '''
-def gather_partial_sums(n: int) -> tuple[list[float], float]:
+def gather_partial_sums(n: int, rows_of) -> tuple[list[float], float]:
     rank, world = dist.get_rank(), dist.get_world_size()
     dev = dl.device()
-    mine = float(sum(i * i for i in my_rows(n, rank, world)))
+    mine = float(sum(i * i for i in rows_of(n, rank, world)))
     partials = []
     for src in range(world):
         t = torch.tensor([mine if src == rank else 0.0], dtype=torch.float64, device=dev)
@@ -36,23 +45,9 @@ def gather_partial_sums(n: int) -> tuple[list[float], float]:
     return partials, sum(partials)
 '''
 
-ONLY_MY_OWN_PART = '''
-def gather_partial_sums(n: int) -> tuple[list[float], float]:
-    rank, world = dist.get_rank(), dist.get_world_size()
-    dev = dl.device()
-    mine = torch.tensor([float(sum(i * i for i in my_rows(n, rank, world)))],
-                        dtype=torch.float64, device=dev)
-    parts = [torch.zeros(1, dtype=torch.float64, device=dev) for _ in range(world)]
-    dist.all_gather(parts, mine)
-    return [mine.item()] * world, mine.item() * world
-'''
-
-WRONG_RECALL = '''
-q_ranks = [1, 2, 3, 4]
-q_notebook_list = True
-q_failure = "a"
-q_backend = "nccl"
-'''
+ONLY_MY_OWN_PART = _edit("gather", (
+    "    partials = [p.item() for p in parts]\n",
+    "    partials = [mine.item()] * world\n"))
 
 # Switching the grader off (integrity.py): the answer is wrong (a broadcast per rank instead of
 # one all_gather) and the cell then tries to make the communication check pass anyway. The scan
@@ -63,24 +58,44 @@ dl.check.comm = lambda *args, **kwargs: None
 GRADER_REPLACED_BEHIND_ITS_BACK = ONE_BROADCAST_PER_RANK + '''
 dl.check.__dict__["comm"] = lambda *args, **kwargs: None
 '''
-ALL_GRADED = ["my_rows_tests", "gather_tests", "gather_comm_tests", "recall_ranks",
-              "recall_notebook_list", "recall_failure", "recall_backend"]
+ALL_GRADED = ["predict_tests", "my_rows_tests", "gather_tests", "gather_comm_tests",
+              "recall_ranks", "recall_group_sum", "recall_backend", "recall_failure"]
 
 VARIANTS = [
+    # A wrong my_rows costs exercise 1 only: exercise 2 is graded with the library's split.
     {"name": "rows dropped when n does not divide",
-     "replace": {"my_rows": DROPS_THE_REMAINDER}, "loses": ["my_rows_tests", "gather_tests"]},
+     "replace": {"my_rows": DROPS_THE_REMAINDER}, "loses": ["my_rows_tests"],
+     "visible": ["my_rows_tests"], "visible_says": ["every row must appear exactly once"]},
     {"name": "neighbouring ranks share a row",
-     "replace": {"my_rows": OVERLAPPING_ROWS}, "loses": ["my_rows_tests", "gather_tests"]},
+     "replace": OVERLAPPING_ROWS, "loses": ["my_rows_tests"], "visible": ["my_rows_tests"]},
+    {"name": "my_rows hands over to dl.models.shard_range (switched off while graded)",
+     "replace": {"my_rows": CALLS_THE_LIBRARY}, "loses": ["my_rows_tests"],
+     "visible": ["my_rows_tests"], "visible_says": ["switched off"]},
     {"name": "all_reduce where all_gather belongs",
      "replace": {"gather": ALL_REDUCE_INSTEAD_OF_ALL_GATHER},
-     "loses": ["gather_tests", "gather_comm_tests"]},
+     "loses": ["gather_tests", "gather_comm_tests"],
+     "visible": ["gather_tests", "gather_comm_tests"],
+     "visible_says": ["every position holds the total", "an all_reduce where an all_gather"]},
     {"name": "right numbers, one broadcast per rank instead of one all_gather",
-     "replace": {"gather": ONE_BROADCAST_PER_RANK}, "loses": ["gather_comm_tests"]},
+     "replace": {"gather": ONE_BROADCAST_PER_RANK}, "loses": ["gather_comm_tests"],
+     "visible": ["gather_comm_tests"], "visible_says": ["a single dist.all_gather"]},
     {"name": "gathers, then ignores what arrived",
-     "replace": {"gather": ONLY_MY_OWN_PART}, "loses": ["gather_tests"]},
-    {"name": "every recall answer wrong",
-     "replace": {"recall": WRONG_RECALL},
-     "loses": ["recall_ranks", "recall_notebook_list", "recall_failure", "recall_backend"]},
+     "replace": ONLY_MY_OWN_PART, "loses": ["gather_tests"], "visible": ["gather_tests"],
+     "visible_says": ["this rank's own part"]},
+    {"name": "prediction: every rank appends to the notebook's one list",
+     "replace": {"predict": "predicted_returned = [1, 2, 3]\npredicted_seen = [0, 1, 2]"},
+     "loses": ["predict_tests"]},
+    {"name": "recall: ranks numbered from 1",
+     "replace": _edit("recall", ("q_ranks = [0, 1, 2, 3]", "q_ranks = [1, 2, 3, 4]")),
+     "loses": ["recall_ranks"]},
+    {"name": "recall: a group's all-reduce sums every rank",
+     "replace": _edit("recall", ("q_group_sum = 9", "q_group_sum = 15")),
+     "loses": ["recall_group_sum"]},
+    {"name": "recall: nccl without a GPU",
+     "replace": _edit("recall", ('q_backend = "gloo"', 'q_backend = "nccl"')),
+     "loses": ["recall_backend"]},
+    {"name": "recall: a failed rank makes the cell wait for the timeout",
+     "replace": {"recall_failure_answer": 'q_failure = "a"'}, "loses": ["recall_failure"]},
     {"name": "replaces dl.check.comm with a do-nothing function",
      "replace": {"gather": GRADER_REPLACED}, "loses": ALL_GRADED},
     {"name": "replaces dl.check.comm through the module's __dict__",

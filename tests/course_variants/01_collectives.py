@@ -1,4 +1,10 @@
-"""Wrong answers to 01_collectives, and the graded cells each must lose (all others keep points)."""
+"""Wrong answers to 01_collectives, and the graded cells each must lose (all others keep points).
+
+"visible": the visible test cells that already fail on the learner's side, before hand-in."""
+
+from tests.course_variants import solution_editor
+
+_edit = solution_editor("01_collectives")
 
 # -- exercise 1: all_reduce = reduce_scatter + all_gather ----------------------------------------
 
@@ -9,52 +15,31 @@ def all_reduce_by_halves(x: torch.Tensor) -> torch.Tensor:
     return out
 '''
 
-HALVES_WITHOUT_PADDING = '''
-def all_reduce_by_halves(x: torch.Tensor) -> torch.Tensor:
-    n = dist.get_world_size()
-    flat = x.detach().flatten().clone()
-    mine = flat.new_empty(flat.numel() // n)
-    dist.reduce_scatter_single(mine, flat)
-    full = flat.new_empty(flat.numel())
-    dist.all_gather_single(full, mine)
-    return full.view(x.shape)
-'''
+HALVES_WITHOUT_PADDING = _edit("halves", (
+    "    flat = torch.cat([flat, flat.new_zeros((-flat.numel()) % n)])\n", ""))
 
-HALVES_KEEPS_THE_PADDING = '''
+HALVES_PADS_A_WHOLE_ROUND_TOO_MANY = _edit("halves", (
+    "flat.new_zeros((-flat.numel()) % n)", "flat.new_zeros(n - flat.numel() % n)"))
+
+HALVES_KEEPS_THE_PADDING = _edit("halves", (
+    "return full[:x.numel()].view(x.shape)",
+    "return full if full.numel() != x.numel() else full.view(x.shape)"))
+
+HALVES_AVERAGE_INSTEAD_OF_SUM = _edit("halves", (
+    "    dist.reduce_scatter_single(mine, flat)\n",
+    "    dist.reduce_scatter_single(mine, flat)\n    mine /= n\n"))
+
+HALVES_CHANGES_ITS_INPUT = _edit("halves", (
+    "    return full[:x.numel()].view(x.shape)",
+    "    x.zero_()\n    return full[:x.numel()].view(x.shape)"))
+
+# pads by hand, then hands over to the library (switched off while the exercise is graded)
+HALVES_CALLS_THE_LIBRARY = '''
 def all_reduce_by_halves(x: torch.Tensor) -> torch.Tensor:
     n = dist.get_world_size()
     flat = x.detach().flatten()
     flat = torch.cat([flat, flat.new_zeros((-flat.numel()) % n)])
-    mine = flat.new_empty(flat.numel() // n)
-    dist.reduce_scatter_single(mine, flat)
-    full = flat.new_empty(flat.numel())
-    dist.all_gather_single(full, mine)
-    return full if full.numel() != x.numel() else full.view(x.shape)
-'''
-
-HALVES_AVERAGE_INSTEAD_OF_SUM = '''
-def all_reduce_by_halves(x: torch.Tensor) -> torch.Tensor:
-    n = dist.get_world_size()
-    flat = x.detach().flatten()
-    flat = torch.cat([flat, flat.new_zeros((-flat.numel()) % n)])
-    mine = flat.new_empty(flat.numel() // n)
-    dist.reduce_scatter_single(mine, flat)
-    mine /= n
-    full = flat.new_empty(flat.numel())
-    dist.all_gather_single(full, mine)
-    return full[:x.numel()].view(x.shape)
-'''
-
-HALVES_CHANGES_ITS_INPUT = '''
-def all_reduce_by_halves(x: torch.Tensor) -> torch.Tensor:
-    n = dist.get_world_size()
-    flat = torch.cat([x.detach().flatten(), x.new_zeros((-x.numel()) % n)])
-    mine = flat.new_empty(flat.numel() // n)
-    dist.reduce_scatter_single(mine, flat)
-    full = flat.new_empty(flat.numel())
-    dist.all_gather_single(full, mine)
-    x.zero_()
-    return full[:x.numel()].view(x.shape)
+    return dl.collectives.all_reduce_by_halves(flat)[:x.numel()].view(x.shape)
 '''
 
 # -- exercise 2: the ring -------------------------------------------------------------------------
@@ -75,6 +60,10 @@ RING_CALLS_ALL_REDUCE = _RING_HEAD + '''
     chunks = [out]
 ''' + _RING_TAIL
 
+RING_CALLS_THE_LIBRARY = _RING_HEAD + '''
+    chunks = [dl.collectives.ring_all_reduce(x.detach().flatten())]
+''' + _RING_TAIL
+
 RING_PASSES_WHOLE_TENSORS = _RING_HEAD + '''
     total = torch.cat(chunks)
     passing = total.clone()
@@ -86,49 +75,39 @@ RING_PASSES_WHOLE_TENSORS = _RING_HEAD + '''
     chunks = [total]
 ''' + _RING_TAIL
 
+# the same ring mirrored: right numbers, but every message goes to the left neighbour
 RING_THE_OTHER_WAY_ROUND = _RING_HEAD + '''
+    for step in range(n - 1):
+        send_i, recv_i = (me + step + 1) % n, (me + step + 2) % n
+        incoming = torch.empty_like(chunks[recv_i])
+        exchange(chunks[send_i], incoming, left, right)
+        chunks[recv_i] += incoming
     for step in range(n - 1):
         send_i, recv_i = (me + step) % n, (me + step + 1) % n
         incoming = torch.empty_like(chunks[recv_i])
         exchange(chunks[send_i], incoming, left, right)
-        chunks[recv_i] += incoming
-    for step in range(n - 1):
-        send_i, recv_i = (me - 1 + step) % n, (me + step) % n
-        incoming = torch.empty_like(chunks[recv_i])
-        exchange(chunks[send_i], incoming, left, right)
         chunks[recv_i] = incoming
 ''' + _RING_TAIL
 
-RING_OVERWRITES_INSTEAD_OF_ADDING = _RING_HEAD + '''
-    for step in range(n - 1):
-        send_i, recv_i = (me - step) % n, (me - step - 1) % n
-        incoming = torch.empty_like(chunks[recv_i])
-        exchange(chunks[send_i], incoming, right, left)
-        chunks[recv_i] = incoming
-    for step in range(n - 1):
-        send_i, recv_i = (me + 1 - step) % n, (me - step) % n
-        incoming = torch.empty_like(chunks[recv_i])
-        exchange(chunks[send_i], incoming, right, left)
-        chunks[recv_i] = incoming
-''' + _RING_TAIL
+RING_OVERWRITES_INSTEAD_OF_ADDING = _edit("ring", (
+    "chunks[recv_i] += incoming", "chunks[recv_i] = incoming.clone()"))
 
-RING_WITHOUT_ALL_GATHER = _RING_HEAD + '''
-    for step in range(n - 1):
-        send_i, recv_i = (me - step) % n, (me - step - 1) % n
-        incoming = torch.empty_like(chunks[recv_i])
-        exchange(chunks[send_i], incoming, right, left)
-        chunks[recv_i] += incoming
-''' + _RING_TAIL
+RING_WITHOUT_ALL_GATHER = _edit("ring", (
+    "    for step in range(n - 1):                       # all-gather\n"
+    "        send_i, recv_i = (me - step) % n, (me - step - 1) % n\n"
+    "        incoming = torch.empty_like(chunks[recv_i])\n"
+    "        exchange(chunks[send_i], incoming, right, left)\n"
+    "        chunks[recv_i] = incoming\n", ""))
 
 RING_WITH_BLOCKING_SENDS = _RING_HEAD + '''
     for step in range(n - 1):
-        send_i, recv_i = (me - step) % n, (me - step - 1) % n
+        send_i, recv_i = (me - step - 1) % n, (me - step - 2) % n
         incoming = torch.empty_like(chunks[recv_i])
         dist.send(chunks[send_i], dst=right)
         dist.recv(incoming, src=left)
         chunks[recv_i] += incoming
     for step in range(n - 1):
-        send_i, recv_i = (me + 1 - step) % n, (me - step) % n
+        send_i, recv_i = (me - step) % n, (me - step - 1) % n
         incoming = torch.empty_like(chunks[recv_i])
         dist.send(chunks[send_i], dst=right)
         dist.recv(incoming, src=left)
@@ -137,83 +116,99 @@ RING_WITH_BLOCKING_SENDS = _RING_HEAD + '''
 
 # -- exercise 3: sizes ----------------------------------------------------------------------------
 
-_ESTIMATES = '''
+COUNTS_ELEMENTS_NOT_BYTES = _edit("estimate", (
+    "return math.prod(shape) * dtype.itemsize", "return math.prod(shape)"))
 
-gradient_mib = nbytes((1024, 1024)) / 2**20
-activation_mib = nbytes((8, 128, 4096)) / 2**20
-ring_mib_per_rank = 2 * (8 - 1) / 8 * gradient_mib
-'''
+ALLOCATES_THE_TENSOR = _edit("estimate", (
+    "return math.prod(shape) * dtype.itemsize", "return torch.empty(shape, dtype=dtype).nbytes"))
 
-COUNTS_ELEMENTS_NOT_BYTES = '''
-def nbytes(shape: tuple, dtype: torch.dtype = torch.float32) -> int:
-    return math.prod(shape)
-''' + _ESTIMATES
+NBYTES_FROM_THE_LIBRARY = _edit("estimate", (
+    "return math.prod(shape) * dtype.itemsize", "return dl.cost.tensor_bytes(shape, dtype)"))
 
-ALLOCATES_THE_TENSOR = '''
-def nbytes(shape: tuple, dtype: torch.dtype = torch.float32) -> int:
-    return torch.empty(shape, dtype=dtype).nbytes
-''' + _ESTIMATES
+MEGABYTES_NOT_MEBIBYTES = _edit("estimate", (
+    "gradient_mib = nbytes((1024, 1024)) / 2**20\n"
+    "activation_mib = nbytes((8, 128, 4096)) / 2**20",
+    "gradient_mib = nbytes((1024, 1024)) / 10**6\n"
+    "activation_mib = nbytes((8, 128, 4096)) / 10**6"))
 
-MEGABYTES_NOT_MEBIBYTES = '''
-def nbytes(shape: tuple, dtype: torch.dtype = torch.float32) -> int:
-    return math.prod(shape) * dtype.itemsize
-
-
-gradient_mib = nbytes((1024, 1024)) / 10**6
-activation_mib = nbytes((8, 128, 4096)) / 10**6
-ring_mib_per_rank = 2 * (8 - 1) / 8 * gradient_mib
-'''
-
-RING_BYTES_AS_IF_WHOLE_TENSORS = '''
-def nbytes(shape: tuple, dtype: torch.dtype = torch.float32) -> int:
-    return math.prod(shape) * dtype.itemsize
-
-
-gradient_mib = nbytes((1024, 1024)) / 2**20
-activation_mib = nbytes((8, 128, 4096)) / 2**20
-ring_mib_per_rank = (8 - 1) * gradient_mib
-'''
+RING_BYTES_AS_IF_WHOLE_TENSORS = _edit("estimate", (
+    "ring_mib_per_rank = 2 * (8 - 1) / 8 * gradient_mib",
+    "ring_mib_per_rank = (8 - 1) * gradient_mib"))
 
 VARIANTS = [
     {"name": "dist.all_reduce instead of reduce_scatter + all_gather",
-     "replace": {"halves": HALVES_WITH_ALL_REDUCE}, "loses": ["halves_tests"]},
+     "replace": {"halves": HALVES_WITH_ALL_REDUCE}, "loses": ["halves_tests"],
+     "visible": ["halves_tests"], "visible_says": ["what this exercise rebuilds"]},
     {"name": "no padding: fails when the ranks do not divide the length",
-     "replace": {"halves": HALVES_WITHOUT_PADDING}, "loses": ["halves_tests"]},
+     "replace": HALVES_WITHOUT_PADDING, "loses": ["halves_tests"], "visible": ["halves_tests"],
+     "visible_says": ["pad with zeros first"]},
+    {"name": "pads n zeros when n already divides the length (more bytes than needed)",
+     "replace": HALVES_PADS_A_WHOLE_ROUND_TOO_MANY, "loses": ["halves_tests"],
+     "visible": ["halves_tests"], "visible_says": ["bytes of all_gather"]},
     {"name": "padding not cut off",
-     "replace": {"halves": HALVES_KEEPS_THE_PADDING}, "loses": ["halves_tests"]},
+     "replace": HALVES_KEEPS_THE_PADDING, "loses": ["halves_tests"],
+     "visible": ["halves_tests"], "visible_says": ["has shape (6,), expected (5,)"]},
     {"name": "average instead of sum",
-     "replace": {"halves": HALVES_AVERAGE_INSTEAD_OF_SUM}, "loses": ["halves_tests"]},
+     "replace": HALVES_AVERAGE_INSTEAD_OF_SUM, "loses": ["halves_tests"],
+     "visible": ["halves_tests"], "visible_says": ["1/2 of the reference"]},
     {"name": "the caller's tensor is overwritten",
-     "replace": {"halves": HALVES_CHANGES_ITS_INPUT}, "loses": ["halves_tests"]},
+     "replace": HALVES_CHANGES_ITS_INPUT, "loses": ["halves_tests"],
+     "visible": ["halves_tests"], "visible_says": ["must be unchanged"]},
+    {"name": "pads, then hands over to dl.collectives (switched off while graded)",
+     "replace": {"halves": HALVES_CALLS_THE_LIBRARY}, "loses": ["halves_tests"],
+     "visible": ["halves_tests"], "visible_says": ["switched off"]},
     {"name": "ring that calls dist.all_reduce (right numbers, wrong communication)",
-     "replace": {"ring": RING_CALLS_ALL_REDUCE}, "loses": ["ring_comm_tests"]},
+     "replace": {"ring": RING_CALLS_ALL_REDUCE}, "loses": ["ring_comm_tests"],
+     "visible": ["ring_comm_tests"], "visible_says": ["exchange(send, recv, dst, src)"]},
+    {"name": "ring handed over to dl.collectives (switched off while graded)",
+     "replace": {"ring": RING_CALLS_THE_LIBRARY},
+     "loses": ["ring_numbers_tests", "ring_comm_tests"],
+     "visible": ["ring_numbers_tests", "ring_comm_tests"], "visible_says": ["switched off"]},
     {"name": "whole tensors passed around the ring (right numbers, (N-1) x K bytes)",
-     "replace": {"ring": RING_PASSES_WHOLE_TENSORS}, "loses": ["ring_comm_tests"]},
+     "replace": {"ring": RING_PASSES_WHOLE_TENSORS}, "loses": ["ring_comm_tests"],
+     "visible": ["ring_comm_tests"], "visible_says": ["about 1/N of the tensor"]},
     {"name": "ring in the other direction (right numbers, wrong neighbours)",
-     "replace": {"ring": RING_THE_OTHER_WAY_ROUND}, "loses": ["ring_comm_tests"]},
+     "replace": {"ring": RING_THE_OTHER_WAY_ROUND}, "loses": ["ring_comm_tests"],
+     "visible": ["ring_comm_tests"], "visible_says": ["sends only to its right neighbour"]},
     {"name": "reduce-scatter overwrites instead of adding (right messages, wrong sum)",
-     "replace": {"ring": RING_OVERWRITES_INSTEAD_OF_ADDING}, "loses": ["ring_numbers_tests"]},
+     "replace": RING_OVERWRITES_INSTEAD_OF_ADDING, "loses": ["ring_numbers_tests"],
+     "visible": ["ring_numbers_tests"]},
     {"name": "all-gather phase forgotten",
-     "replace": {"ring": RING_WITHOUT_ALL_GATHER},
-     "loses": ["ring_numbers_tests", "ring_comm_tests"]},
+     "replace": RING_WITHOUT_ALL_GATHER, "loses": ["ring_numbers_tests", "ring_comm_tests"],
+     "visible": ["ring_numbers_tests", "ring_comm_tests"]},
     {"name": "blocking send then recv on every rank (deadlock, ended by the timeout)",
      "replace": {"ring": RING_WITH_BLOCKING_SENDS},
-     "loses": ["ring_numbers_tests", "ring_comm_tests"]},
+     "loses": ["ring_numbers_tests", "ring_comm_tests"],
+     "visible": ["ring_numbers_tests", "ring_comm_tests"],
+     "visible_says": ["pass each chunk with the notebook's exchange"]},
     {"name": "elements counted instead of bytes",
-     "replace": {"estimate": COUNTS_ELEMENTS_NOT_BYTES}, "loses": ["estimate_tests"]},
+     "replace": COUNTS_ELEMENTS_NOT_BYTES, "loses": ["estimate_tests"],
+     "visible": ["estimate_tests"], "visible_says": ["elements, not bytes"]},
     {"name": "tensor allocated to measure its size",
-     "replace": {"estimate": ALLOCATES_THE_TENSOR}, "loses": ["estimate_tests"]},
+     "replace": ALLOCATES_THE_TENSOR, "loses": ["estimate_tests"],
+     "visible": ["estimate_tests"], "visible_says": ["the tensor was created to measure it"]},
+    {"name": "nbytes hands over to dl.cost.tensor_bytes (switched off while graded)",
+     "replace": NBYTES_FROM_THE_LIBRARY, "loses": ["estimate_tests"],
+     "visible": ["estimate_tests"], "visible_says": ["switched off"]},
     {"name": "MB (10**6) instead of MiB (2**20)",
-     "replace": {"estimate": MEGABYTES_NOT_MEBIBYTES}, "loses": ["estimate_tests"]},
+     "replace": MEGABYTES_NOT_MEBIBYTES, "loses": ["estimate_tests"],
+     "visible": ["estimate_tests"], "visible_says": ["MB (10**6 bytes) instead of MiB"]},
     {"name": "ring traffic estimated as (N-1) whole tensors",
-     "replace": {"estimate": RING_BYTES_AS_IF_WHOLE_TENSORS}, "loses": ["estimate_tests"]},
-    {"name": "recall 1: all_reduce returns a new tensor",
-     "replace": {"recall_1": 'answer_1 = "c"'}, "loses": ["recall_1_tests"]},
-    {"name": "recall 2: gloo compresses",
-     "replace": {"recall_2": 'answer_2 = "a"'}, "loses": ["recall_2_tests"]},
+     "replace": RING_BYTES_AS_IF_WHOLE_TENSORS, "loses": ["estimate_tests"],
+     "visible": ["estimate_tests"], "visible_says": ["not whole tensors"]},
+    {"name": "prediction: the reduce-scatter leaves the whole sum",
+     "replace": {"predict_rs": "predicted_rank1 = [60, 64, 68, 72]"},
+     "loses": ["predict_rs_tests"]},
+    {"name": "recall 1: reduce is the same as all_reduce",
+     "replace": {"recall_1": 'answer_1 = "a"'}, "loses": ["recall_1_tests"]},
+    {"name": "recall 2: the ring's time stays flat (bandwidth term only)",
+     "replace": {"recall_2": 'answer_2 = "c"'}, "loses": ["recall_2_tests"]},
     {"name": "recall 3: gradients grow with the batch",
      "replace": {"recall_3": "grad_factor = 2\nactivation_factor = 2"},
      "loses": ["recall_3_tests"]},
-    {"name": "recall 4: blocking sends are buffered",
+    {"name": "recall 4: blocking sends are buffered on gloo",
      "replace": {"recall_4": 'answer_4 = "a"'}, "loses": ["recall_4_tests"]},
+    {"name": "recall 5: the ring's time without its latencies",
+     "replace": {"recall_5": "ring_ms = 2 * (1024 - 1) / 1024 * 64 * 2**20 / 1e11 * 1e3"},
+     "loses": ["recall_5_tests"]},
 ]

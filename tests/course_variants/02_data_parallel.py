@@ -4,6 +4,13 @@ Each variant is the solution cell with one mistake written in, made here as an e
 solution notebook's own source, so the variants follow the notebook as it changes. An edit that
 no longer matches the notebook is an error when this module is imported, never a variant that
 silently tests nothing. `loses` lists exactly the graded cells that must score zero.
+
+`visible` names the test cells a learner can run that must already FAIL with the mistake written
+in (hidden tests stripped: tests/test_course.py runs the learner's view), and `visible_says` words
+that failure must contain: every classic mistake shows before hand-in, with the grader's hint.
+A mistake in an earlier piece loses that piece's cells only: later exercises are graded with the
+library's version of it (the variants of shard_batch, broadcast_parameters and OverlappingDP
+prove it, since their `loses` names nothing later).
 """
 
 from __future__ import annotations
@@ -16,36 +23,53 @@ _edit = solution_editor("02_data_parallel")
 RECALL_TESTS = [f"recall_{i}_tests" for i in range(1, 6)]
 ALL_GRADED = ["shard_batch_tests", "broadcast_tests", "dp_train_step_tests",
               "allreduce_gradients_flat_tests", "overlapping_dp_tests",
-              "accumulation_step_tests", "lr_answer_tests", "sharded_momentum_sgd_tests",
-              *RECALL_TESTS]
+              "accumulation_step_tests", "no_sync_prediction_tests", "lr_answer_tests",
+              "sharded_momentum_sgd_tests", *RECALL_TESTS]
 
 VARIANTS = [
     # -- 1 shard_batch --------------------------------------------------------------------------
     {"name": "every rank takes the first slice of the batch",
      "replace": _edit("shard_batch", ("return batch[rank * per_rank:(rank + 1) * per_rank]",
                                       "return batch[:per_rank]")),
-     "loses": ["shard_batch_tests"]},
+     "loses": ["shard_batch_tests"],
+     "visible": ["shard_batch_tests"], "visible_says": ["its own contiguous slice"]},
     {"name": "a batch that does not split evenly is not refused",
      "replace": _edit("shard_batch", ("if n % world_size:", "if n < world_size:")),
-     "loses": ["shard_batch_tests"]},
+     "loses": ["shard_batch_tests"],
+     "visible": ["shard_batch_tests"], "visible_says": ["should raise ValueError"]},
+    {"name": "the library's shard used instead of one's own (switched off while graded)",
+     "replace": _edit("shard_batch", ("return batch[rank * per_rank:(rank + 1) * per_rank]",
+                                      "return dl.models.shard(batch, rank, world_size)")),
+     "loses": ["shard_batch_tests"],
+     "visible": ["shard_batch_tests"], "visible_says": ["dl.models.shard is switched off"]},
     # -- 2 broadcast_parameters -----------------------------------------------------------------
     {"name": "no broadcast at start: replicas keep their own initialisation",
      "replace": _edit("broadcast_parameters", ("dist.broadcast(p, src=src)", "pass")),
-     "loses": ["broadcast_tests"]},
+     "loses": ["broadcast_tests"],
+     "visible": ["broadcast_tests"], "visible_says": ["rank 0's weights"]},
     {"name": "weights averaged over the ranks instead of broadcast from rank 0",
      "replace": _edit("broadcast_parameters", (
          "dist.broadcast(p, src=src)",
          "dist.all_reduce(p, op=dist.ReduceOp.SUM)\n            p /= dist.get_world_size()")),
-     "loses": ["broadcast_tests"]},
+     "loses": ["broadcast_tests"],
+     "visible": ["broadcast_tests"], "visible_says": ["not an average over the ranks"]},
     # -- 3 dp_train_step ------------------------------------------------------------------------
     {"name": "sum of the gradients not divided by dp_size",
      "replace": _edit("dp_train_step", ("        p.grad /= world\n", "")),
-     "loses": ["dp_train_step_tests"]},
+     "loses": ["dp_train_step_tests"],
+     "visible": ["dp_train_step_tests"], "visible_says": ["every element is 2x the reference"]},
     {"name": "no all-reduce: every rank steps with its local gradient",
      "replace": _edit("dp_train_step", (
          "        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)\n", "")),
-     "loses": ["dp_train_step_tests"]},
-    # -- 4 allreduce_gradients_flat ---------------------------------------------------------------
+     "loses": ["dp_train_step_tests"],
+     "visible": ["dp_train_step_tests"], "visible_says": ["stepped with different gradients"]},
+    {"name": "the library's DataParallel used inside dp_train_step (switched off while graded)",
+     "replace": _edit("dp_train_step", (
+         "    world = dist.get_world_size()\n",
+         "    world = dist.get_world_size()\n    dl.dp.DataParallel(model)\n")),
+     "loses": ["dp_train_step_tests"],
+     "visible": ["dp_train_step_tests"], "visible_says": ["switched off"]},
+    # -- 4 allreduce_gradients_flat -------------------------------------------------------------
     {"name": "one all-reduce per parameter where one flat all-reduce is asked",
      "replace": _edit("allreduce_gradients_flat", (
          "flat = torch.cat([p.grad.reshape(-1) for p in params])\n"
@@ -53,12 +77,14 @@ VARIANTS = [
          "for p in params:\n"
          "        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)\n"
          "    flat = torch.cat([p.grad.reshape(-1) for p in params])\n")),
-     "loses": ["allreduce_gradients_flat_tests"]},
+     "loses": ["allreduce_gradients_flat_tests"],
+     "visible": ["allreduce_gradients_flat_tests"], "visible_says": ["one per parameter tensor"]},
     {"name": "flat buffer averaged but never copied back into p.grad",
      "replace": _edit("allreduce_gradients_flat", (
          "p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad))",
          "flat[offset:offset + p.numel()].view_as(p.grad)")),
-     "loses": ["allreduce_gradients_flat_tests"]},
+     "loses": ["allreduce_gradients_flat_tests"],
+     "visible": ["allreduce_gradients_flat_tests"], "visible_says": ["copied back"]},
     # -- 5 OverlappingDP ------------------------------------------------------------------------
     {"name": "sync after backward (in finish) instead of from the gradient hooks",
      "replace": _edit("overlapping_dp",
@@ -70,17 +96,27 @@ VARIANTS = [
                        "            self.flat[b] = torch.cat([self.params[j].grad.reshape(-1)"
                        " for j in members])\n"
                        "            dist.all_reduce(self.flat[b], op=dist.ReduceOp.SUM)\n")),
-     "loses": ["overlapping_dp_tests"]},
+     "loses": ["overlapping_dp_tests"],
+     "visible": ["overlapping_dp_tests"],
+     "visible_says": ["launch the gradient communication from gradient hooks"]},
+    {"name": "every bucket launched at the end of backward, from the last gradient hook",
+     "replace": _edit("overlapping_dp", (
+         "while self.next < len(self.buckets) and self.pending[self.next] == 0:",
+         "while self.next < len(self.buckets) and sum(self.pending) == 0:")),
+     "loses": ["overlapping_dp_tests"],
+     "visible": ["overlapping_dp_tests"], "visible_says": ["none of them overlapped backward"]},
     {"name": "bucket plan ignored: one all-reduce per parameter from the hooks",
      "replace": _edit("overlapping_dp", (
          "self.bucket_of = {i: b for b, members in enumerate(self.buckets) for i in members}",
          "self.buckets = [[i] for i in reversed(range(len(self.params)))]\n"
          "        self.bucket_of = {i: b for b, members in enumerate(self.buckets) for i in members}"
      )),
-     "loses": ["overlapping_dp_tests"]},
+     "loses": ["overlapping_dp_tests"],
+     "visible": ["overlapping_dp_tests"], "visible_says": ["one per parameter tensor"]},
     {"name": "finish() forgets to divide the bucket sums by the world size",
      "replace": _edit("overlapping_dp", ("flat = self.flat[b] / self.world", "flat = self.flat[b]")),
-     "loses": ["overlapping_dp_tests"]},
+     "loses": ["overlapping_dp_tests"],
+     "visible": ["overlapping_dp_tests"], "visible_says": ["every element is 2x the reference"]},
     # -- 6 accumulation_step --------------------------------------------------------------------
     {"name": "communication on every accumulation step (a sync after each micro-batch)",
      "replace": _edit("accumulation_step", (
@@ -89,20 +125,27 @@ VARIANTS = [
          "            (F.mse_loss(model(xs[k]), ys[k]) / n_micro).backward()\n",
          "        (F.mse_loss(model(xs[k]), ys[k]) / n_micro).backward()\n"
          "        model.finish_gradient_sync()\n")),
-     "loses": ["accumulation_step_tests"]},
+     "loses": ["accumulation_step_tests"],
+     "visible": ["accumulation_step_tests"]},
     {"name": "no_sync forgotten: every micro-batch's backward sends its buckets",
      "replace": _edit("accumulation_step", (
          "with contextlib.nullcontext() if last else model.no_sync():",
          "with contextlib.nullcontext():")),
-     "loses": ["accumulation_step_tests"]},
+     "loses": ["accumulation_step_tests"],
+     "visible": ["accumulation_step_tests"], "visible_says": ["inside `with model.no_sync():`"]},
     {"name": "micro-batch losses not divided by the number of micro-batches",
      "replace": _edit("accumulation_step", (
          "(F.mse_loss(model(xs[k]), ys[k]) / n_micro).backward()",
          "F.mse_loss(model(xs[k]), ys[k]).backward()")),
-     "loses": ["accumulation_step_tests"]},
-    # -- 7 the learning-rate experiment -----------------------------------------------------------
+     "loses": ["accumulation_step_tests"],
+     "visible": ["accumulation_step_tests"], "visible_says": ["every element is 4x the reference"]},
+    {"name": "prediction: one all-reduce per bucket and micro-batch",
+     "replace": _edit("no_sync_prediction", ("predicted_all_reduces = [2, 2, 2]",
+                                             "predicted_all_reduces = [2, 4, 8]")),
+     "loses": ["no_sync_prediction_tests"]},
+    # -- 7 the learning-rate experiment ---------------------------------------------------------
     {"name": "a bigger batch with the same learning rate trains the same",
-     "replace": _edit("lr_answer", ('lr_answer = "b"', 'lr_answer = "a"')),
+     "replace": _edit("lr_answer", ('lr_answer = "c"', 'lr_answer = "a"')),
      "loses": ["lr_answer_tests"]},
     # -- 8 ZeRO-1 -------------------------------------------------------------------------------
     {"name": "ZeRO-1 with a full all-reduce instead of a reduce-scatter",
@@ -112,18 +155,32 @@ VARIANTS = [
          "        grads = self.flat([p.grad for p in self.params])\n"
          "        dist.all_reduce(grads, op=dist.ReduceOp.SUM)\n"
          "        grad_shard.copy_(grads[self.lo:self.lo + self.shard_size])\n")),
-     "loses": ["sharded_momentum_sgd_tests"]},
+     "loses": ["sharded_momentum_sgd_tests"],
+     "visible": ["sharded_momentum_sgd_tests"],
+     "visible_says": ["a full all_reduce where a reduce_scatter is enough"]},
     {"name": "ZeRO-1 without the all-gather: each rank only has its own shard updated",
      "replace": _edit("sharded_momentum_sgd", (
          "dist.all_gather_single(weights, shard)",
          "weights[self.lo:self.lo + self.shard_size] = shard")),
-     "loses": ["sharded_momentum_sgd_tests"]},
+     "loses": ["sharded_momentum_sgd_tests"],
+     "visible": ["sharded_momentum_sgd_tests"], "visible_says": ["all-gather of the updated"]},
+    {"name": "ZeRO-1 reduce-scatter sum not divided by the world size",
+     "replace": _edit("sharded_momentum_sgd", ("        grad_shard /= self.world\n", "")),
+     "loses": ["sharded_momentum_sgd_tests"],
+     "visible": ["sharded_momentum_sgd_tests"], "visible_says": ["every element is 2x the reference"]},
+    {"name": "ZeRO-1 momentum as a moving average: buf = mu * buf + (1 - mu) * g",
+     "replace": _edit("sharded_momentum_sgd", (
+         "self.momentum.mul_(self.mu).add_(grad_shard)",
+         "self.momentum.mul_(self.mu).add_((1 - self.mu) * grad_shard)")),
+     "loses": ["sharded_momentum_sgd_tests"],
+     "visible": ["sharded_momentum_sgd_tests"], "visible_says": ["no 1 - momentum factor"]},
     # -- 9 recall -------------------------------------------------------------------------------
-    {"name": "recall: every answer wrong",
-     "replace": _edit("recall_answers",
-                      ('answer_1 = "b"', 'answer_1 = "a"'), ("answer_2 = False", "answer_2 = True"),
-                      ("answer_3 = False", "answer_3 = True"), ("answer_4 = 6.0", "answer_4 = 4.0"),
-                      ("answer_5 = 2", "answer_5 = 8")),
+    {"name": "recall: every answer a real misconception",
+     "replace": {**_edit("recall_1", ('answer_1 = "d"', 'answer_1 = "a"')),
+                 **_edit("recall_2", ('answer_2 = "a"', 'answer_2 = "b"')),
+                 **_edit("recall_3", ('answer_3 = "b"', 'answer_3 = "c"')),
+                 **_edit("recall_4", ("answer_4 = 14.0", "answer_4 = 16.0")),
+                 **_edit("recall_5", ('answer_5 = "c"', 'answer_5 = "b"'))},
      "loses": RECALL_TESTS},
     # -- switching the grader off (integrity.py): no communication at all, and three lines
     # that make every check a do-nothing function. The scan zeroes every graded cell.

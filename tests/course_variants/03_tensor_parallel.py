@@ -2,8 +2,11 @@
 
 Each wrong answer is the solution cell with one mistake edited in, so a variant differs from the
 solution by exactly the lines shown here (and stops working if those lines change).
-Dependencies between exercises are real: Exercise 3 builds on the learner's f and g, Exercise 4
-on the layers of Exercise 3, so a mistake there also costs the later cells that use it.
+Exercises 3 and 4 build on earlier pieces, but their tests run with the library's versions of
+those pieces (dl.tp's f and g, and its column/row layers for the attention), so a mistake costs
+only the cells of the exercise where it is made: the variants of f and g, and of the layers,
+prove it by losing nothing else. `visible` names the test cells a learner sees fail before
+hand-in (hidden tests stripped), `visible_says` words of the hint they show.
 """
 
 from tests.course_variants import solution_editor
@@ -16,6 +19,16 @@ F_AND_G = ["f_and_g_tests", "f_and_g_comm_tests"]
 MLP = ["mlp_tests", "mlp_comm_tests"]
 ATTENTION = ["attention_tests", "attention_comm_tests"]
 SEQUENCE = ["sequence_parallel_tests", "sequence_parallel_comm_tests"]
+RECALL = {"answer_param_sync": 'q_param_sync = "c"', "answer_f_backward": 'q_f_backward = "a"',
+          "answer_group_rank": 'q_group_rank = "d"', "answer_what_tp_sends": 'q_what_tp_sends = "b"',
+          "answer_sp_bytes": 'q_sp_bytes = "c"', "answer_ring_mib": "q_ring_mib = 224",
+          "answer_predict_params": "predict_rank_params = 144"}
+
+
+def _recall(grade_id: str, answer: str) -> dict[str, str]:
+    """The recall answer cell `grade_id` with `answer` in place of the right one."""
+    return _edit(grade_id, ("SOLUTION\n" + RECALL[grade_id], "SOLUTION\n" + answer))
+
 
 VARIANTS = [
     # -- Exercise 1: the column split by hand --
@@ -26,23 +39,31 @@ VARIANTS = [
          "    return torch.cat(blocks, dim=1)",
          "    dist.all_reduce(Y_i, group=group)\n"
          "    return Y_i")),
-     "loses": COLUMN},
+     "loses": COLUMN, "visible": COLUMN},
     {"name": "dX not all-reduced: each rank keeps only its own term",
      "replace": _edit("column", (
          "    dist.all_reduce(dX, op=dist.ReduceOp.SUM, group=group)\n", "")),
-     "loses": COLUMN},
+     "loses": COLUMN, "visible": COLUMN, "visible_says": ["this rank's own term"]},
     {"name": "dX averaged over the ranks, as data parallelism averages gradients",
      "replace": _edit("column", (
          "    return dW_i, dX\n",
          "    return dW_i, dX / dist.get_world_size(group)\n")),
-     "loses": ["column_tests"]},
-    {"name": "global rank instead of the rank in the group (only a 2 x 2 grid shows it)",
+     "loses": ["column_tests"], "visible": ["column_tests"],
+     "visible_says": ["dX was divided by the group size"]},
+    {"name": "global rank instead of the rank in the group (only a dp x tp grid shows it)",
      "replace": _edit("column",
                       ("tp, i = dist.get_world_size(group), dist.get_rank(group)",
                        "tp, i = dist.get_world_size(group), dist.get_rank()"),
                       ("i, width = dist.get_rank(group), W_i.shape[1]",
                        "i, width = dist.get_rank(), W_i.shape[1]")),
-     "loses": ["column_tests"]},
+     # ranks 2 and 3 take an empty block: wrong numbers, and nothing in their all_gather
+     "loses": COLUMN, "visible": COLUMN,
+     "visible_says": ["dist.get_rank(group), the rank inside the group"]},
+    {"name": "dX summed over all ranks: the all_reduce without group=",
+     "replace": _edit("column", (
+         "    dist.all_reduce(dX, op=dist.ReduceOp.SUM, group=group)\n",
+         "    dist.all_reduce(dX, op=dist.ReduceOp.SUM)\n")),
+     "loses": COLUMN, "visible": COLUMN, "visible_says": ["not over the tp group"]},
     {"name": "right numbers, dX summed through an all_gather of every term",
      "replace": _edit("column", (
          "    dist.all_reduce(dX, op=dist.ReduceOp.SUM, group=group)\n"
@@ -50,8 +71,16 @@ VARIANTS = [
          "    terms = [torch.empty_like(dX) for _ in range(dist.get_world_size(group))]\n"
          "    dist.all_gather(terms, dX, group=group)\n"
          "    return dW_i, sum(terms)")),
-     "loses": ["column_comm_tests"]},
-    # -- Exercise 2: f and g --
+     "loses": ["column_comm_tests"], "visible": ["column_comm_tests"]},
+    {"name": "the library's shard instead of the learner's own (dl.tp is off while graded)",
+     "replace": _edit("column", (
+         "    tp, i = dist.get_world_size(group), dist.get_rank(group)\n"
+         "    width = W.shape[1] // tp\n"
+         "    return W[:, i * width:(i + 1) * width].contiguous()",
+         "    return dl.tp.shard(W, group, dim=1)")),
+     "loses": COLUMN, "visible": COLUMN, "visible_says": ["switched off"]},
+    # -- Exercise 2: f and g. The MLP and the attention are tested with dl.tp's f and g, so
+    # these lose Exercise 2's cells only (they used to cost Exercises 3 and 4 as well) --
     {"name": "f and g swapped: f all-reduces in forward, g in backward",
      "replace": _edit("f_and_g",
                       ("        ctx.group = group\n        return x",
@@ -70,9 +99,7 @@ VARIANTS = [
                        "        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)\n"
                        "        return total",
                        "        ctx.group = group\n        return x")),
-     # same counts per phase in the MLP and attention (an all-reduce moved from g to f forward,
-     # another from f to g backward): only the numbers show it there
-     "loses": F_AND_G + ["mlp_tests", "attention_tests"]},
+     "loses": F_AND_G, "visible": F_AND_G, "visible_says": ["f and g swapped?"]},
     {"name": "g all-reduces the gradient again in backward (counted tp times)",
      "replace": _edit("f_and_g",
                       ("        total = x.clone()\n",
@@ -81,18 +108,24 @@ VARIANTS = [
                        "        total = grad.clone()\n"
                        "        dist.all_reduce(total, group=ctx.group)\n"
                        "        return total, None")),
-     "loses": F_AND_G + MLP + ATTENTION},
+     "loses": F_AND_G, "visible": F_AND_G, "visible_says": ["g's backward all-reduced"]},
+    {"name": "f's backward all-reduce without group=: summed over every rank",
+     "replace": _edit("f_and_g", (
+         "        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=ctx.group)\n",
+         "        dist.all_reduce(total, op=dist.ReduceOp.SUM)\n")),
+     "loses": F_AND_G, "visible": F_AND_G, "visible_says": ["not over the tp group"]},
     # -- Exercise 3: column then row --
     {"name": "row layer adds its bias before the reduction",
      "replace": _edit("mlp", (
          "reduce_from_tp_region(F.linear(x, self.weight), self.group) + self.bias",
          "reduce_from_tp_region(F.linear(x, self.weight, self.bias), self.group)")),
-     "loses": ["mlp_tests", "attention_tests"]},
+     # the attention is tested with the library's row layer: only the MLP shows it
+     "loses": ["mlp_tests"], "visible": ["mlp_tests"], "visible_says": ["added before g"]},
     {"name": "column layer keeps columns of nn.Linear.weight (the wrong dim)",
      "replace": _edit("mlp", (
          "self.weight = nn.Parameter(dense.weight.detach()[mine].clone())",
          "self.weight = nn.Parameter(dense.weight.detach()[:, mine].clone())")),
-     "loses": MLP + ATTENTION},
+     "loses": MLP, "visible": MLP},
     {"name": "row layer all-gathers its partial sums where an all-reduce belongs",
      "replace": _edit("mlp", (
          "        return reduce_from_tp_region(F.linear(x, self.weight), self.group) + self.bias",
@@ -101,27 +134,76 @@ VARIANTS = [
          "self.group))]\n"
          "        dist.all_gather(parts, partial.detach(), group=self.group)\n"
          "        return torch.cat(parts, dim=-1) + self.bias.repeat(len(parts))")),
-     "loses": MLP + ATTENTION},
-    {"name": "layers built on the library's f and g (dl.tp) instead of the learner's own",
+     "loses": MLP, "visible": MLP},
+    {"name": "both layers take their shard by the global rank",
+     "replace": _edit("mlp",
+                      ("        tp, i = dist.get_world_size(group), dist.get_rank(group)\n"
+                       "        rows = ",
+                       "        tp, i = dist.get_world_size(group), dist.get_rank()\n"
+                       "        rows = "),
+                      ("        tp, i = dist.get_world_size(group), dist.get_rank(group)\n"
+                       "        cols = ",
+                       "        tp, i = dist.get_world_size(group), dist.get_rank()\n"
+                       "        cols = ")),
+     "loses": ["mlp_tests"], "visible": ["mlp_tests"],
+     "visible_says": ["dist.get_rank(group), the rank inside the group"]},
+    {"name": "the library's layers instead of the learner's own (switched off while graded)",
+     "replace": _edit("mlp",
+                      ("        self.fc1 = MyColumnParallelLinear(mlp.fc1, group)\n"
+                       "        self.fc2 = MyRowParallelLinear(mlp.fc2, group)",
+                       "        self.fc1 = dl.tp.ColumnParallelLinear.from_dense(mlp.fc1, group)\n"
+                       "        self.fc2 = dl.tp.RowParallelLinear.from_dense(mlp.fc2, group)")),
+     "loses": MLP, "visible": MLP},
+    {"name": "right answer another way: the layers call dl.tp's f and g (allowed)",
      "replace": _edit("mlp",
                       ("F.linear(copy_to_tp_region(x, self.group), self.weight, self.bias)",
                        "F.linear(dl.tp.copy_to_tp_region(x, self.group), self.weight, self.bias)"),
                       ("return reduce_from_tp_region(F.linear(x, self.weight), self.group)",
                        "return dl.tp.reduce_from_tp_region(F.linear(x, self.weight), self.group)")),
-     # the graders switch dl.tp off inside the ranks; the comm cells only count
-     "loses": ["mlp_tests", "attention_tests"]},
-    # -- Exercise 4: attention --
+     "loses": []},
+    {"name": "f and g swapped, and the layers call CopyToTPRegion.apply directly",
+     "replace": {**_edit("f_and_g",
+                         ("        ctx.group = group\n        return x",
+                          "        out = x.clone()\n"
+                          "        dist.all_reduce(out, group=group)\n"
+                          "        return out"),
+                         ("        return grad, None",
+                          "        out = grad.clone()\n"
+                          "        dist.all_reduce(out, group=ctx.group)\n"
+                          "        return out, None"),
+                         ("        total = grad.clone()\n"
+                          "        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=ctx.group)\n"
+                          "        return total, None",
+                          "        return grad, None"),
+                         ("        total = x.clone()\n"
+                          "        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)\n"
+                          "        return total",
+                          "        ctx.group = group\n        return x")),
+                 **_edit("mlp",
+                         ("F.linear(copy_to_tp_region(x, self.group), self.weight, self.bias)",
+                          "F.linear(CopyToTPRegion.apply(x, self.group), self.weight, self.bias)"),
+                         ("return reduce_from_tp_region(F.linear(x, self.weight), self.group)",
+                          "return ReduceFromTPRegion.apply(F.linear(x, self.weight), self.group)"))},
+     # the tests of Exercises 3 and 4 stand the library's f and g in for these names too
+     "loses": F_AND_G},
+    # -- Exercise 4: attention (tested with the library's layers, f and g) --
     {"name": "one f per projection: three all-reduces in backward",
      "replace": _edit("attention", (
          "        x = copy_to_tp_region(x, self.group)      # one f for q, k and v\n"
          "        q, k, v = (F.linear(x, lin.weight, lin.bias) for lin in (self.q, self.k, "
          "self.v))",
          "        q, k, v = self.q(x), self.k(x), self.v(x)")),
-     "loses": ["attention_comm_tests"]},
+     "loses": ["attention_comm_tests"], "visible": ["attention_comm_tests"],
+     "visible_says": ["one f in front of all three"]},
     {"name": "checks that d_model splits instead of the heads",
      "replace": _edit("attention", (
          "        if attn.n_heads % tp:\n", "        if attn.q.out_features % tp:\n")),
-     "loses": ["attention_tests"]},
+     "loses": ["attention_tests"], "visible": ["attention_tests"],
+     "visible_says": ["1.5 heads"]},
+    {"name": "head_dim divided by tp along with everything else",
+     "replace": _edit("attention", (
+         "        self.head_dim = attn.head_dim\n", "        self.head_dim = attn.head_dim // tp\n")),
+     "loses": ["attention_tests"], "visible": ["attention_tests"]},
     # -- Exercise 5: sequence parallelism --
     {"name": "right numbers, all-reduce then keep my part instead of a reduce-scatter",
      "replace": _edit("sequence_parallel", (
@@ -131,24 +213,37 @@ VARIANTS = [
          "        total = x.clone()\n"
          "        dist.all_reduce(total, group=group)\n"
          "        return total.chunk(tp, dim=0)[dist.get_rank(group)].contiguous()")),
-     "loses": ["sequence_parallel_comm_tests"]},
+     "loses": ["sequence_parallel_comm_tests"], "visible": ["sequence_parallel_comm_tests"],
+     "visible_says": ["not an all-reduce followed by keeping a slice"]},
     {"name": "all-gather's backward keeps its part of the gradient without summing",
      "replace": _edit("sequence_parallel", (
          "        out = grad.new_empty((grad.shape[0] // tp, *grad.shape[1:]))\n"
          "        dist.reduce_scatter_single(out, grad.contiguous(), group=ctx.group)\n"
          "        return out, None",
          "        return grad.chunk(tp, dim=0)[dist.get_rank(ctx.group)].contiguous(), None")),
-     "loses": SEQUENCE},
+     "loses": SEQUENCE, "visible": SEQUENCE},
     {"name": "sequence-parallel bias added before the reduce-scatter",
      "replace": _edit("sequence_parallel", (
          "ReduceScatterToSequenceRegion.apply(F.linear(h, self.w2), self.group) + self.b2",
          "ReduceScatterToSequenceRegion.apply(F.linear(h, self.w2, self.b2), self.group)")),
-     "loses": ["sequence_parallel_tests"]},
+     "loses": ["sequence_parallel_tests"], "visible": ["sequence_parallel_tests"],
+     "visible_says": ["b2 was added before the reduce-scatter"]},
     # -- recall --
     {"name": "every recall answer wrong",
-     "replace": {"recall": (
-         'q_param_sync = True\nq_f_backward = "all_gather"\nq_mlp_all_reduces = 4\n'
-         'q_what_tp_sends = "a"\nq_sp_bytes = "c"\nq_activation_mib = 4\n')},
-     "loses": ["recall_param_sync", "recall_f_backward", "recall_mlp_all_reduces",
-               "recall_what_tp_sends", "recall_sp_bytes", "recall_activation_mib"]},
+     "replace": {**_recall("answer_param_sync", 'q_param_sync = "a"'),
+                 **_recall("answer_f_backward", 'q_f_backward = "b"'),
+                 **_recall("answer_group_rank", 'q_group_rank = "a"'),
+                 **_recall("answer_what_tp_sends", 'q_what_tp_sends = "c"'),
+                 **_recall("answer_sp_bytes", 'q_sp_bytes = "a"'),
+                 **_recall("answer_ring_mib", "q_ring_mib = 128"),
+                 **_recall("answer_predict_params", "predict_rank_params = 138")},
+     "loses": ["recall_param_sync", "recall_f_backward", "recall_group_rank",
+               "recall_what_tp_sends", "recall_sp_bytes", "recall_ring_mib",
+               "recall_predict_params"]},
+    {"name": "ring bytes: 2 x the tensor, forgetting the (n-1)/n",
+     "replace": _recall("answer_ring_mib", "q_ring_mib = 256"),
+     "loses": ["recall_ring_mib"]},
+    {"name": "ring bytes within the stated tolerance (right)",
+     "replace": _recall("answer_ring_mib", "q_ring_mib = 224.4"),
+     "loses": []},
 ]

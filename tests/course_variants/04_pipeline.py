@@ -43,6 +43,18 @@ WARMUP_OFF_BY_ONE = _edit("one_f_one_b_table",
 WARMUP_NOT_CAPPED_AT_M = _edit("one_f_one_b_table",
                                ("warmup = min(p - s - 1, m)", "warmup = p - s - 1"))
 
+TABLES_FROM_THE_LIBRARY = {
+    "gpipe_table": '''
+def gpipe_table(p, m):
+    """GPipe's table, taken from the library."""
+    return [[str(a) for a in row] for row in dl.pp.make_schedule("gpipe", p, m).actions]
+''',
+    "one_f_one_b_table": '''
+def one_f_one_b_table(p, m):
+    """1F1B's table, taken from the library."""
+    return [[str(a) for a in row] for row in dl.pp.one_f_one_b(p, m).actions]
+'''}
+
 # -- Exercise 3: the runner -----------------------------------------------------------------
 
 LOSS_NOT_DIVIDED_BY_M = _edit("runner", ("                out = loss / m\n",
@@ -69,6 +81,17 @@ ALL_REDUCES_THE_LOSSES = _edit(
      "    dist.all_reduce(shared)               # so that every stage knows the losses\n"
      "    for handle in pending:\n"))
 
+RUNNER_FROM_THE_LIBRARY = {"runner": '''
+def run_stage(actions, stage, x, y, loss_fn):
+    """The library's runner, on the schedule whose row this is."""
+    m = len(actions) // 2
+    for name in ("1f1b", "gpipe", "naive"):
+        schedule = dl.pp.make_schedule(name, stage.n_stages, m)
+        if [str(a) for a in schedule.actions[stage.index]] == list(actions):
+            break
+    return dl.pp.run_schedule(schedule, stage, x, y, loss_fn=loss_fn).losses
+'''}
+
 # -- Exercise 4: activation memory ----------------------------------------------------------
 
 COUNTS_FORWARDS_ONLY = {"peak": '''
@@ -76,6 +99,16 @@ def peak_in_flight(row):
     """Most micro-batches whose forward is done and backward not yet, at any point of row."""
     return sum(1 for action in row if action.startswith("F"))
 '''}
+
+COUNT_FROM_THE_LIBRARY = {"peak": '''
+def peak_in_flight(row):
+    """The library's count, on a one-stage schedule made of this row."""
+    return dl.pp.Schedule("row", [row]).peak_in_flight(0)
+'''}
+
+# -- predict, then run: rows of activations held ---------------------------------------------
+
+COUNTS_ARE_BYTES = {"predict": "predict_rows = {4: (16, 16), 16: (64, 16)}"}
 
 # -- Exercise 5: DP x PP --------------------------------------------------------------------
 
@@ -120,50 +153,101 @@ ALL_REDUCE_OVER_EVERY_RANK = _edit(
     "dp_pp", ("        dist.all_reduce(flat, group=grid.dp_group)",
               "        dist.all_reduce(flat)"))
 
-# -- recall ----------------------------------------------------------------------------------
-
-WRONG_RECALL = {"recall": '''
-q_all_busy = True
-q_bubble = 3 / 8
-q_more_microbatches = "a"
-q_memory = (8, 8)
-q_traffic = "a"
-q_dp_sync = "a"
+DATAPARALLEL_FROM_THE_LIBRARY = {"dp_pp": '''
+def dp_pp_step(grid, module, x, y, m):
+    """The library's DataParallel (no overlap: one sync when asked) around the stage."""
+    replica = dl.dp.DataParallel(module, group=grid.dp_group, bucket_mb=1e6, overlap=False)
+    stage = dl.pp.PipelineStage(replica, grid.pp_group,
+                                activation_shape=(x.shape[0] // m, HIDDEN))
+    dl.pp.run_schedule("1f1b", stage, x, y, n_microbatches=m, loss_fn=F.mse_loss,
+                       after_last_backward=replica.finish_gradient_sync)
 '''}
 
+# -- recall ----------------------------------------------------------------------------------
+
+WRONG_RECALL = {
+    "answer_all_busy": "q_all_busy = True",
+    "answer_bubble": "q_bubble = 7 / 16",
+    "answer_bubble_ideal": "q_bubble_ideal = 7 / 23",
+    "answer_memory": "q_memory = (16, 7)",
+    "answer_traffic": 'q_traffic = "a"',
+    "answer_more_microbatches": 'q_more_microbatches = "a"',
+    "answer_memory_regime": 'q_memory_regime = "c"',
+    "answer_blocking_send": 'q_blocking_send = "a"',
+    "answer_dp_sync": 'q_dp_sync = "a"',
+}
+
+BUBBLE_CONVENTIONS_SWAPPED = {"answer_bubble": "q_bubble = 7 / 16",
+                              "answer_bubble_ideal": "q_bubble_ideal = 7 / 23"}
+
+RECALL = ["recall_all_busy", "recall_bubble", "recall_bubble_ideal", "recall_memory",
+          "recall_traffic", "recall_more_microbatches", "recall_memory_regime",
+          "recall_blocking_send", "recall_dp_sync"]
+
+# "visible": the test cells that already fail in the learner's view (hidden tests stripped),
+# before hand-in; "visible_says": words of the hint they show there.
 VARIANTS = [
     {"name": "received activation without requires_grad: no gradient to send back",
-     "replace": FORGETS_REQUIRES_GRAD, "loses": ["naive_tests", "naive_comm_tests"]},
+     "replace": FORGETS_REQUIRES_GRAD, "loses": ["naive_tests", "naive_comm_tests"],
+     "visible": ["naive_tests", "naive_comm_tests"]},
     {"name": "a middle stage passes on the gradient it received, as if it were the identity",
-     "replace": PASSES_THE_RECEIVED_GRADIENT_ON, "loses": ["naive_tests"]},
+     "replace": PASSES_THE_RECEIVED_GRADIENT_ON, "loses": ["naive_tests"],
+     "visible": ["naive_tests"], "visible_says": ["differs from the reference"]},
     {"name": "right numbers, plus a broadcast of the loss",
-     "replace": BROADCASTS_THE_LOSS, "loses": ["naive_comm_tests"]},
+     "replace": BROADCASTS_THE_LOSS, "loses": ["naive_comm_tests"],
+     "visible": ["naive_comm_tests"], "visible_says": ["send/recv only"]},
     {"name": "GPipe table interleaves F and B (that is the naive schedule)",
-     "replace": GPIPE_INTERLEAVED, "loses": ["gpipe_tests"]},
-    {"name": "1F1B warm-up one forward too long",
-     "replace": WARMUP_OFF_BY_ONE, "loses": ["one_f_one_b_tests"]},
+     "replace": GPIPE_INTERLEAVED, "loses": ["gpipe_tests"],
+     "visible": ["gpipe_tests"], "visible_says": ["every forward first"]},
+    {"name": "1F1B warm-up one forward too long (a wrong table costs Exercise 2 only)",
+     "replace": WARMUP_OFF_BY_ONE, "loses": ["one_f_one_b_tests"],
+     "visible": ["one_f_one_b_tests"], "visible_says": ["before its first backward"]},
     {"name": "1F1B warm-up not capped at m (breaks only when m < p)",
-     "replace": WARMUP_NOT_CAPPED_AT_M, "loses": ["one_f_one_b_tests"]},
-    {"name": "runner: micro-batch loss not divided by m",
-     "replace": LOSS_NOT_DIVIDED_BY_M, "loses": ["runner_tests"]},
+     "replace": WARMUP_NOT_CAPPED_AT_M, "loses": ["one_f_one_b_tests"],
+     "visible": ["one_f_one_b_tests"]},
+    {"name": "tables taken from the library's own schedules (switched off while graded)",
+     "replace": TABLES_FROM_THE_LIBRARY, "loses": ["gpipe_tests", "one_f_one_b_tests"],
+     "visible": ["gpipe_tests", "one_f_one_b_tests"], "visible_says": ["is switched off"]},
+    {"name": "runner: micro-batch loss not divided by m (costs Exercise 3 only, not 5)",
+     "replace": LOSS_NOT_DIVIDED_BY_M, "loses": ["runner_tests"],
+     "visible": ["runner_tests"], "visible_says": ["not divided by 4"]},
     {"name": "runner: blocking sends deadlock in 1F1B's steady state",
-     "replace": BLOCKING_SENDS, "loses": ["runner_tests", "runner_comm_tests"]},
+     "replace": BLOCKING_SENDS, "loses": ["runner_tests", "runner_comm_tests"],
+     "visible": ["runner_tests", "runner_comm_tests"], "visible_says": ["isend"]},
     {"name": "runner: right numbers, but runs every row in GPipe order",
-     "replace": IGNORES_THE_ROW_ORDER, "loses": ["runner_comm_tests"]},
+     "replace": IGNORES_THE_ROW_ORDER, "loses": ["runner_comm_tests"],
+     "visible": ["runner_comm_tests"], "visible_says": ["action by action"]},
     {"name": "runner: right numbers, plus an all-reduce of the losses",
-     "replace": ALL_REDUCES_THE_LOSSES, "loses": ["runner_comm_tests"]},
+     "replace": ALL_REDUCES_THE_LOSSES, "loses": ["runner_comm_tests"],
+     "visible": ["runner_comm_tests"], "visible_says": ["send/recv only"]},
+    {"name": "runner: the library's run_schedule (switched off while graded)",
+     "replace": RUNNER_FROM_THE_LIBRARY, "loses": ["runner_tests", "runner_comm_tests"],
+     "visible": ["runner_tests", "runner_comm_tests"], "visible_says": ["is switched off"]},
     {"name": "peak activations: counts every forward, ignores the backwards",
-     "replace": COUNTS_FORWARDS_ONLY, "loses": ["peak_tests"]},
+     "replace": COUNTS_FORWARDS_ONLY, "loses": ["peak_tests"],
+     "visible": ["peak_tests"], "visible_says": ["-1 at each B"]},
+    {"name": "peak activations: the library's Schedule.peak_in_flight (switched off)",
+     "replace": COUNT_FROM_THE_LIBRARY, "loses": ["peak_tests"],
+     "visible": ["peak_tests"], "visible_says": ["is switched off"]},
+    {"name": "prediction: rows held taken to grow like the count of micro-batches",
+     "replace": COUNTS_ARE_BYTES, "loses": ["predict_tests"]},
     {"name": "DP x PP: sum over the replicas instead of the average",
-     "replace": SUM_NOT_AVERAGE, "loses": ["dp_pp_tests"]},
+     "replace": SUM_NOT_AVERAGE, "loses": ["dp_pp_tests"],
+     "visible": ["dp_pp_tests"], "visible_says": ["not divided by 2"]},
     {"name": "DP x PP: right numbers, synced after every micro-batch",
-     "replace": SYNC_EVERY_MICROBATCH, "loses": ["dp_pp_comm_tests"]},
+     "replace": SYNC_EVERY_MICROBATCH, "loses": ["dp_pp_comm_tests"],
+     "visible": ["dp_pp_comm_tests"]},
     {"name": "DP x PP: right numbers, one all-reduce per parameter",
-     "replace": ONE_ALL_REDUCE_PER_PARAMETER, "loses": ["dp_pp_comm_tests"]},
+     "replace": ONE_ALL_REDUCE_PER_PARAMETER, "loses": ["dp_pp_comm_tests"],
+     "visible": ["dp_pp_comm_tests"], "visible_says": ["one per parameter tensor"]},
     {"name": "DP x PP: all-reduce over every rank instead of the dp group",
-     "replace": ALL_REDUCE_OVER_EVERY_RANK, "loses": ["dp_pp_tests", "dp_pp_comm_tests"]},
-    {"name": "every recall answer wrong",
-     "replace": WRONG_RECALL,
-     "loses": ["recall_all_busy", "recall_bubble", "recall_more_microbatches", "recall_memory",
-               "recall_traffic", "recall_dp_sync"]},
+     "replace": ALL_REDUCE_OVER_EVERY_RANK, "loses": ["dp_pp_tests", "dp_pp_comm_tests"],
+     "visible": ["dp_pp_tests", "dp_pp_comm_tests"]},
+    {"name": "DP x PP: the library's DataParallel (switched off while graded)",
+     "replace": DATAPARALLEL_FROM_THE_LIBRARY, "loses": ["dp_pp_tests", "dp_pp_comm_tests"],
+     "visible": ["dp_pp_tests", "dp_pp_comm_tests"], "visible_says": ["is switched off"]},
+    {"name": "every recall answer wrong (a misconception each)",
+     "replace": WRONG_RECALL, "loses": RECALL},
+    {"name": "recall: the two bubble conventions swapped",
+     "replace": BUBBLE_CONVENTIONS_SWAPPED, "loses": ["recall_bubble", "recall_bubble_ideal"]},
 ]
