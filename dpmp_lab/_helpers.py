@@ -1,0 +1,58 @@
+"""Small idioms the modules share: argument checks, "is there a process group", and the
+wording of rank lists and values in messages. Imports nothing from dpmp_lab."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch.distributed as dist
+
+
+def whole_number(name: str, value: Any, *, at_least: int = 1, what: str = "") -> int:
+    """`value` as an int >= at_least, or a TypeError/ValueError that names `name`.
+
+    bool is refused although it is an int: `world_size=True` is a mistake, not 1. `what` ends
+    the ValueError's sentence ("a pipeline needs at least 1 stage").
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__} ({value!r})")
+    if value < at_least:
+        raise ValueError(f"{name}={value}: {what or f'it must be at least {at_least}'}")
+    return value
+
+
+def positive_seconds(name: str, value: Any) -> None:
+    """None, or a number of seconds > 0."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                              or value <= 0):
+        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+
+
+def group_ready() -> bool:
+    """Whether this process has a default process group (inside a rank, or under torchrun)."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def ranks_text(ranks: Iterable[int]) -> str:
+    """'rank 2' or 'ranks 0, 1, 3': the start of a sentence about some ranks."""
+    ranks = list(ranks)
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    return "ranks " + ", ".join(str(r) for r in ranks)
+
+
+def short_repr(value: Any, limit: int = 40) -> str:
+    """repr(value), cut to `limit` characters with '...'."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def indent(text: str, n: int = 2) -> str:
+    pad = " " * n
+    return "\n".join(pad + line for line in text.splitlines())
+
+
+def tail(text: str, lines: int = 15) -> str:
+    """The last `lines` lines of text."""
+    return "\n".join(text.rstrip("\n").splitlines()[-lines:])
