@@ -3,6 +3,7 @@ wording of rank lists and values in messages. Imports nothing from dpmp_lab."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 from typing import Any
 
@@ -56,3 +57,14 @@ def indent(text: str, n: int = 2) -> str:
 def tail(text: str, lines: int = 15) -> str:
     """The last `lines` lines of text."""
     return "\n".join(text.rstrip("\n").splitlines()[-lines:])
+
+
+def ipython_shell() -> str | None:
+    """'kernel' in a Jupyter kernel, 'terminal' in terminal IPython, else None (a script, a
+    rank). Never imports IPython: if nothing imported it, this is no IPython session."""
+    ipython = sys.modules.get("IPython")
+    get = getattr(ipython, "get_ipython", None) if ipython else None
+    shell = get() if get else None
+    if shell is None:
+        return None
+    return "kernel" if getattr(shell, "kernel", None) is not None else "terminal"

@@ -24,6 +24,11 @@ Gradient hooks and custom backward functions run under the mode too. Tensors who
 unknown (the gradients autograd's engine makes, until read as `p.grad`) are never blamed.
 Tensors made by torch.distributed's own code are left unmarked: under "cpu:gloo,cuda:nccl" torch
 itself moves objects through gloo on the CPU (all_gather_object), which is correct there.
+
+Why it stays whole: the marks, the mode that keeps them and the checks on collectives are one
+mechanism, and it finds the learner's line by skipping its own frames (`_caller_file` compares
+against this file); integrity guards the module and the launcher hides its frames from a
+rank's traceback, both by this one name.
 """
 
 from __future__ import annotations

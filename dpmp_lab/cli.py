@@ -9,15 +9,17 @@ import platform
 import sys
 from pathlib import Path
 
+import torch
+import torch.distributed as dist
+
+import dpmp_lab as dl
+from dpmp_lab import course
+from dpmp_lab.launch import usable_cores, visible_gpus
+
 
 def _all_reduce_check(expected: float) -> dict:
     """Inside each rank: an all_reduce on the rank's device and, where the device is a GPU, one
     of a CPU tensor too (nccl serves the first, gloo the second)."""
-    import torch
-    import torch.distributed as dist
-
-    import dpmp_lab as dl
-
     dev = dl.device()
     t = torch.ones(4, device=dev) * (dist.get_rank() + 1)
     dist.all_reduce(t)
@@ -48,14 +50,11 @@ def backend_plan(gpus: int, nccl: bool, sizes: tuple[int, ...] = (1, 2, 4, 8)) -
 
 
 def _launch_check(label: str, n: int, backend: str, timeout: float) -> bool:
-    import dpmp_lab
-
     print(f"launching   {label}: {n} rank(s), backend={backend!r}, one all_reduce ...",
           flush=True)
     try:
-        res = dpmp_lab.launch(_all_reduce_check, float(n * (n + 1) / 2), world_size=n,
-                              backend=backend, timeout=timeout, stream=False,
-                              device_audit=False)
+        res = dl.launch(_all_reduce_check, float(n * (n + 1) / 2), world_size=n,
+                        backend=backend, timeout=timeout, stream=False, device_audit=False)
     except Exception as exc:  # the doctor's job is to say what went wrong, whatever it was
         print(f"            FAILED: {type(exc).__name__}: {exc}", file=sys.stderr)
         return False
@@ -67,13 +66,7 @@ def _launch_check(label: str, n: int, backend: str, timeout: float) -> bool:
 def doctor(args: argparse.Namespace) -> int:
     """Print what this machine offers for the course and prove that launches work: n ranks
     with backend="auto", and on a GPU machine nccl itself (2 ranks, or 1 with one GPU)."""
-    import torch
-    import torch.distributed as dist
-
-    import dpmp_lab
-    from dpmp_lab.launch import _cores, visible_gpus
-
-    print(f"dpmp_lab    {dpmp_lab.__version__} ({Path(dpmp_lab.__file__).parent})")
+    print(f"dpmp_lab    {dl.__version__} ({Path(dl.__file__).parent})")
     print(f"python      {platform.python_version()} ({sys.executable})")
     print(f"torch       {torch.__version__} (CUDA build: {torch.version.cuda or 'no'})")
     backends = [b for b, ok in (("gloo", dist.is_gloo_available()),
@@ -83,7 +76,7 @@ def doctor(args: argparse.Namespace) -> int:
     gpus = visible_gpus()
     shown = os.environ.get("CUDA_VISIBLE_DEVICES")
     print(f"GPUs        {gpus} visible" + (f" (CUDA_VISIBLE_DEVICES={shown})" if shown else ""))
-    print(f"CPU cores   {_cores()}")
+    print(f"CPU cores   {usable_cores()}")
     for line in backend_plan(gpus, dist.is_nccl_available()):
         print(f"auto        {line}")
     ok = _launch_check("auto", args.world_size, args.backend, args.timeout)
@@ -118,8 +111,6 @@ def lab(args: argparse.Namespace) -> int:
 
 def release(args: argparse.Namespace) -> int:
     """Regenerate the learners' notebooks in course/ from the instructor's in solutions/."""
-    from dpmp_lab import course
-
     for name in course.release(args.names or None):
         print(f"course/{name} regenerated from solutions/{name}")
     return 0
@@ -127,8 +118,6 @@ def release(args: argparse.Namespace) -> int:
 
 def grade(args: argparse.Namespace) -> int:
     """Autograde submitted/*/<assignment> and write feedback/ (nbgrader)."""
-    from dpmp_lab import course
-
     course.grade(args.assignment)
     return 0
 

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from dpmp_lab import viz
+from dpmp_lab._helpers import whole_number
+from dpmp_lab.render import Table, human_bytes
 
 
 def tensor_bytes(shape: Sequence[int] | int, dtype: torch.dtype = torch.float32) -> int:
@@ -105,11 +106,11 @@ class Memory:
     def total(self) -> float:
         return self.params + self.grads + self.optimizer
 
-    def table(self) -> viz.Table:
+    def table(self) -> Table:
         parts = (("parameters", self.params), ("gradients", self.grads),
                  ("optimizer state", self.optimizer), ("total", self.total))
-        return viz.Table(["model state per GPU", "bytes"],
-                         [[what, viz.human_bytes(b)] for what, b in parts])
+        return Table(["model state per GPU", "bytes"],
+                     [[what, human_bytes(b)] for what, b in parts])
 
     def __str__(self) -> str:
         return str(self.table())
@@ -133,8 +134,7 @@ def memory(n_params: float, *, dp: int = 1, tp: int = 1, pp: int = 1, zero: int 
     if zero not in (0, 1, 2, 3):
         raise ValueError(f"ZeRO stages are 0 (off), 1, 2 and 3, not {zero}")
     for name, size in (("dp", dp), ("tp", tp), ("pp", pp)):
-        if not isinstance(size, int) or size < 1:
-            raise ValueError(f"{name} must be a whole number of ranks >= 1, not {size!r}")
+        whole_number(name, size, what=f"{name} must be a whole number of ranks >= 1")
     w, g, o = _PRECISIONS[precision]
     share = n_params / (tp * pp)
     return Memory(params=share * w / (dp if zero >= 3 else 1),

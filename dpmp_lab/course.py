@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from dpmp_lab._helpers import tail
+
 ASSIGNMENT = re.compile(r"\d\d_[a-z0-9_]+")
 
 
@@ -44,9 +46,9 @@ def nbgrader(*args: str, root: Path | None = None, check: bool = True,
     done = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=root, env=env,
                           text=True, capture_output=capture)
     if check and done.returncode:
-        tail = "\n".join((done.stderr or "").splitlines()[-40:])
+        last = tail(done.stderr or "", 40)
         raise RuntimeError(f"`nbgrader {' '.join(args)}` failed (exit {done.returncode}) in "
-                           f"{root}" + (f":\n{tail}" if tail else ""))
+                           f"{root}" + (f":\n{last}" if last else ""))
     return done
 
 

@@ -18,9 +18,13 @@ DTensor and FSDP code can use the very same mesh (`grid.mesh["tp"]`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+
+from dpmp_lab._helpers import group_ready, whole_number
+from dpmp_lab.trace import name_group
 
 KINDS = ("pp", "dp", "tp")
 
@@ -43,11 +47,8 @@ class GridLayout:
 
     def __post_init__(self) -> None:
         for kind in KINDS:
-            size = getattr(self, kind)
-            if isinstance(size, bool) or not isinstance(size, int):
-                raise TypeError(f"{kind} must be an int, not {type(size).__name__}")
-            if size < 1:
-                raise ValueError(f"{kind}={size}: every grid dimension needs at least 1 rank")
+            whole_number(kind, getattr(self, kind),
+                         what="every grid dimension needs at least 1 rank")
 
     @property
     def world_size(self) -> int:
@@ -120,12 +121,6 @@ class GridLayout:
                          f"next stage {'-' if nxt is None else nxt}")
         return "\n".join(lines)
 
-    def picture(self, highlight: int | None = None) -> Any:
-        """A picture of the grid (see dl.viz.grid)."""
-        from dpmp_lab import viz
-
-        return viz.GridPicture(self, highlight)
-
 
 class ProcessGrid:
     """The grid with its process groups; create it on every rank, with the same sizes.
@@ -139,7 +134,7 @@ class ProcessGrid:
     def __init__(self, dp: int = 1, tp: int = 1, pp: int = 1, *,
                  device_type: str | None = None):
         self.layout = GridLayout(dp=dp, tp=tp, pp=pp)
-        if not (dist.is_available() and dist.is_initialized()):
+        if not group_ready():
             raise RuntimeError(
                 "ProcessGrid creates process groups, so it must run inside a rank (a function "
                 "started by dl.launch or a %%distributed cell). To look at a layout in the "
@@ -149,10 +144,6 @@ class ProcessGrid:
             raise ValueError(
                 f"dp * tp * pp = {dp} * {tp} * {pp} = {self.layout.world_size}, but the world "
                 f"has {world} ranks: the grid must use every rank exactly once")
-        from torch.distributed.device_mesh import init_device_mesh
-
-        from dpmp_lab.trace import name_group
-
         if device_type is None:
             # "nccl" or torch's combined "cpu:gloo,cuda:nccl": the ranks compute on GPUs
             device_type = "cuda" if "nccl" in str(dist.get_backend()) else "cpu"
@@ -178,14 +169,6 @@ class ProcessGrid:
     tp = property(lambda self: self.layout.tp)
     pp = property(lambda self: self.layout.pp)
     world_size = property(lambda self: self.layout.world_size)
-
-    @property
-    def is_first_stage(self) -> bool:
-        return self.prev_stage is None
-
-    @property
-    def is_last_stage(self) -> bool:
-        return self.next_stage is None
 
     def describe(self) -> str:
         """The whole layout and this rank's place in it, as text."""

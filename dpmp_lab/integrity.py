@@ -36,7 +36,11 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 # modules whose functions and classes are the grader's (plus what dpmp_lab re-exports)
-GUARDED_MODULES = ("dpmp_lab", "dpmp_lab.check", "dpmp_lab.trace", "dpmp_lab.launch",
+GUARDED_MODULES = ("dpmp_lab", "dpmp_lab.check", "dpmp_lab.check.communication",
+                   "dpmp_lab.check.failed", "dpmp_lab.check.hints", "dpmp_lab.check.numbers",
+                   "dpmp_lab.check.references", "dpmp_lab.trace", "dpmp_lab.launch",
+                   "dpmp_lab.ranks", "dpmp_lab.failures", "dpmp_lab.protocol",
+                   "dpmp_lab.lines", "dpmp_lab.starting",
                    "dpmp_lab.worker", "dpmp_lab.audit", "dpmp_lab.serialize",
                    "dpmp_lab.integrity", "torch.distributed",
                    "torch.distributed.distributed_c10d")

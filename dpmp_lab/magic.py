@@ -28,6 +28,10 @@ import linecache
 import re
 from typing import Any
 
+from dpmp_lab import viz
+from dpmp_lab.launch import launch
+from dpmp_lab.serialize import dumps
+
 _cells = itertools.count(1)
 
 # IPython's own bookkeeping names: never what a cell means by a variable.
@@ -57,8 +61,12 @@ def names_read(source: str) -> set[str]:
     }
 
 
-def register(ipython) -> None:
+def register(ipython: Any) -> None:
+    """Register %%distributed in this IPython (what `%load_ext dpmp_lab` does)."""
+    # IPython is imported here, not at the top: every rank of a %%distributed cell imports
+    # this module (for run_cell), and none of them needs IPython.
     from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+    from IPython.display import display
 
     @magic_arguments()
     @argument("-n", "--nproc", type=int, default=4, help="number of ranks (world size)")
@@ -71,9 +79,6 @@ def register(ipython) -> None:
     @argument("-o", "--out", default=None, help="store the LaunchResult in this variable")
     def distributed(line: str, cell: str):
         """Run this cell on N ranks, each with an initialised process group."""
-        from dpmp_lab.launch import launch
-        from dpmp_lab.serialize import dumps
-
         opts = parse_argstring(distributed, line)
         source = ipython.transform_cell(cell)
         filename = f"<distributed-cell-{next(_cells)}>"
@@ -101,10 +106,6 @@ def register(ipython) -> None:
         if opts.out:
             user_ns[opts.out] = res
         if opts.trace:
-            from IPython.display import display
-
-            from dpmp_lab import viz
-
             display(viz.comm(res))
         if any(v is not None for v in res.values):
             return res.values

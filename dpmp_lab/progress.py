@@ -11,31 +11,24 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-# internal rank state -> what the learner reads
-_WORDS = {"starting": "starting", "running": "running", "returned": "done", "failed": "failed",
-          "stopped": "stopped"}
+from dpmp_lab._helpers import ipython_shell
+from dpmp_lab.protocol import RankState
+
+# what the learner reads for each state
+_WORDS = {RankState.STARTING: "starting", RankState.RUNNING: "running",
+          RankState.RETURNED: "done", RankState.FAILED: "failed", RankState.STOPPED: "stopped"}
 _COLOURS = {"starting": "#bbb", "running": "#4e79a7", "done": "#59a14f", "failed": "#e15759",
             "stopped": "#999"}
-
-
-def _shell() -> str | None:
-    """'kernel' in a Jupyter kernel, 'terminal' in terminal IPython, else None."""
-    ipython = sys.modules.get("IPython")
-    get = getattr(ipython, "get_ipython", None) if ipython else None
-    shell = get() if get else None
-    if shell is None:
-        return None
-    return "kernel" if getattr(shell, "kernel", None) is not None else "terminal"
 
 
 class Progress:
     """Shows rank states; call update(states) when one changes and close(states) at the end."""
 
     def __init__(self, world_size: int, enabled: bool | None = None):
-        shell = _shell()
+        shell = ipython_shell()
         self.active = shell is not None if enabled is None else enabled and shell is not None
         self.kernel = shell == "kernel"
-        self.states = ["starting"] * world_size
+        self.states = [RankState.STARTING] * world_size
         self.labels: list[Any] = []
         self.box: Any = None
         self.handle: Any = None
@@ -43,6 +36,7 @@ class Progress:
             self._display()
 
     def _display(self) -> None:
+        # only in a kernel, where IPython is loaded; ipywidgets is optional
         from IPython.display import display
 
         try:
@@ -77,7 +71,7 @@ class Progress:
                 self._label(r, s) for r, s in enumerate(self.states)) + "</div>"
         return bundle
 
-    def update(self, states: list[str]) -> None:
+    def update(self, states: list[RankState]) -> None:
         if not self.active or states == self.states:
             return
         self.states = list(states)
@@ -86,7 +80,7 @@ class Progress:
         if self.handle is not None:
             self.handle.update(self)
 
-    def close(self, states: list[str]) -> None:
+    def close(self, states: list[RankState]) -> None:
         if not self.active:
             return
         self.update(states)

@@ -1,4 +1,4 @@
-"""Pictures and tables that render in a notebook (HTML/SVG) and as plain text everywhere else.
+"""Pictures of the library's objects, in a notebook (SVG/HTML) and as plain text everywhere else.
 
 Nothing here needs matplotlib or a running process group, so a learner can draw a layout in
 the notebook kernel before launching anything, and grader messages stay readable in a terminal.
@@ -7,6 +7,11 @@ the notebook kernel before launching anything, and grader messages stay readable
     dl.viz.comm(res.traces)           # collectives per op, group and phase, one column per rank
     dl.viz.comm_chart(res)            # bytes per rank and group, as bars
     dl.viz.timeline(pp.one_f_one_b(4, 8))   # a pipeline schedule or a measured run
+    dl.viz.collective("all_reduce")   # what every rank holds before and after a collective
+
+This module sits on top: it reads traces, grids and pipeline schedules. The drawing primitives
+(Table, human_bytes, the Picture base) live in dpmp_lab.render, below every module, and are
+re-exported here, as are the collective pictures of dpmp_lab.viz_collective.
 """
 
 from __future__ import annotations
@@ -15,74 +20,14 @@ import html
 from collections.abc import Sequence
 from typing import Any
 
+from dpmp_lab.grid import GridLayout
+from dpmp_lab.pp import PipelineResult, Schedule, measured_bubble
+from dpmp_lab.render import PALETTE, Picture, Table, cell, human_bytes, svg_start
+from dpmp_lab.trace import traces_of
+from dpmp_lab.viz_collective import COLLECTIVES, CollectivePicture, collective
 
-class Table:
-    """A small table: `str()` gives aligned text, a notebook shows HTML."""
-
-    def __init__(self, columns: Sequence[str], rows: Sequence[Sequence[Any]], title: str = "",
-                 marks: Sequence[bool] | None = None, note: str = ""):
-        self.columns = list(columns)
-        self.rows = [[_cell(v) for v in row] for row in rows]
-        self.title = title
-        self.marks = list(marks) if marks is not None else [False] * len(self.rows)
-        self.note = note
-
-    def __str__(self) -> str:
-        cells = [self.columns] + self.rows
-        widths = [max(len(r[i]) for r in cells) for i in range(len(self.columns))]
-        numeric = [all(_is_number(r[i]) for r in self.rows) and self.rows for i in
-                   range(len(self.columns))]
-
-        def line(row: list[str], mark: str = "") -> str:
-            parts = [v.rjust(w) if num else v.ljust(w) for v, w, num in zip(row, widths, numeric, strict=True)]
-            return ("  ".join(parts) + mark).rstrip()
-
-        out = [self.title] if self.title else []
-        out.append(line(self.columns))
-        out += [line(r, "   <-" if m else "") for r, m in zip(self.rows, self.marks, strict=True)]
-        if not self.rows:
-            out.append("(none)")
-        if self.note:
-            out.append(self.note)
-        return "\n".join(out)
-
-    __repr__ = __str__
-
-    def _repr_html_(self) -> str:
-        head = "".join(f"<th>{html.escape(c)}</th>" for c in self.columns)
-        body = []
-        for row, mark in zip(self.rows, self.marks, strict=True):
-            style = ' style="background:#fdd"' if mark else ""
-            cells = "".join(f"<td>{html.escape(v)}</td>" for v in row)
-            body.append(f"<tr{style}>{cells}</tr>")
-        if not self.rows:
-            body.append(f'<tr><td colspan="{len(self.columns)}">(none)</td></tr>')
-        caption = f"<caption>{html.escape(self.title)}</caption>" if self.title else ""
-        note = f"<p>{html.escape(self.note)}</p>" if self.note else ""
-        return (f'<table class="dpmp-lab">{caption}<thead><tr>{head}</tr></thead>'
-                f"<tbody>{''.join(body)}</tbody></table>{note}")
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, tuple):
-        return "(" + ",".join(str(v) for v in value) + ")"
-    return str(value)
-
-
-def _is_number(text: str) -> bool:
-    return text.replace(".", "", 1).replace(" ", "").lstrip("-").isdigit() or text == "-"
-
-
-def human_bytes(n: float) -> str:
-    """1536 -> '1.5 KiB': sizes the way the articles quote them (4 MiB of gradients)."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
-
+__all__ = ["COLLECTIVES", "CollectivePicture", "CommChart", "GridPicture", "Table", "Timeline",
+           "collective", "comm", "comm_chart", "grid", "human_bytes", "timeline"]
 
 # -- communication ------------------------------------------------------------------------------
 
@@ -93,8 +38,6 @@ def comm(traces: Sequence[Any] | Any, *, bytes: bool = False) -> Table:
     `traces`: the result of `dl.launch(..., trace=True)`, its `.traces`, or one Trace.
     With bytes=True the cells show the bytes instead of the counts.
     """
-    from dpmp_lab.trace import traces_of
-
     traces = traces_of(traces)
     keys: dict[tuple, None] = {}
     for t in traces:
@@ -114,7 +57,7 @@ def comm(traces: Sequence[Any] | Any, *, bytes: bool = False) -> Table:
     return Table(["op", "group", "phase", *ranks], rows, title=f"communication ({what})")
 
 
-class CommChart:
+class CommChart(Picture):
     """Bytes each rank sent, per group: one bar per (rank, group), so it shows at a glance
     which dimension of the grid carries the traffic (tp every layer, dp once per step)."""
 
@@ -134,15 +77,12 @@ class CommChart:
             lines.append(f"{rank.ljust(who)}  {g.ljust(group)}  {bar} {human_bytes(b)}")
         return "\n".join(lines)
 
-    __repr__ = __str__
-
     def _repr_svg_(self) -> str:
         label_w, bar_w, row_h = 190, 380, 20
         groups = sorted({g for _, g, _ in self.rows})
-        colour = {g: _PALETTE[i % len(_PALETTE)] for i, g in enumerate(groups)}
+        colour = {g: PALETTE[i % len(PALETTE)] for i, g in enumerate(groups)}
         height = 24 + row_h * len(self.rows)
-        out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{label_w + bar_w + 90}" '
-               f'height="{height}" font-family="sans-serif" font-size="12">',
+        out = [svg_start(label_w + bar_w + 90, height),
                '<text x="4" y="14">payload bytes per rank and group</text>']
         for i, (rank, g, b) in enumerate(self.rows):
             y = 22 + i * row_h
@@ -157,13 +97,11 @@ class CommChart:
 
 def comm_chart(traces: Sequence[Any] | Any) -> CommChart:
     """A bar per (rank, group): the bytes of every call the rank issued on that group."""
-    from dpmp_lab.trace import traces_of
-
     rows = []
     for i, t in enumerate(traces_of(traces)):
         per_group: dict[str, int] = {}
         for ev in t.events:
-            key = _cell(ev.group_label)
+            key = cell(ev.group_label)
             per_group[key] = per_group.get(key, 0) + ev.nbytes
         rank = f"rank {t.rank}" if t.rank is not None else f"trace {i}"
         rows += [(rank, g, b) for g, b in per_group.items()]
@@ -172,18 +110,15 @@ def comm_chart(traces: Sequence[Any] | Any) -> CommChart:
 
 # -- process grid ---------------------------------------------------------------------------------
 
-_PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1",
-            "#ff9da7"]
 
-
-class GridPicture:
+class GridPicture(Picture):
     """Ranks laid out as the articles draw them: a row is a DP group, a column a TP group.
 
     With pp > 1 there is one panel per pipeline stage; the same cell in every panel is a
     pipeline (pp) group. `str()` gives the text version, a notebook shows SVG.
     """
 
-    def __init__(self, layout: Any, highlight: int | None = None):
+    def __init__(self, layout: GridLayout, highlight: int | None = None):
         self.layout = layout
         self.highlight = highlight
 
@@ -209,36 +144,33 @@ class GridPicture:
             lines.append("the same place in every stage is a pipeline (pp) group")
         return "\n".join(lines)
 
-    __repr__ = __str__
-
     def _repr_svg_(self) -> str:
         L = self.layout
-        cell, gap, margin, top = 46, 6, 50, 40
-        panel_w = margin + L.dp * (cell + gap) + 20
+        side, gap, margin, top = 46, 6, 50, 40
+        panel_w = margin + L.dp * (side + gap) + 20
         width = max(panel_w * L.pp, 260)
-        height = top + L.tp * (cell + gap) + 70
-        out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-               'font-family="sans-serif" font-size="12">']
+        height = top + L.tp * (side + gap) + 70
+        out = [svg_start(width, height)]
         for pp in range(L.pp):
             x0 = pp * panel_w
             if L.pp > 1:
                 out.append(f'<text x="{x0 + margin}" y="16">stage pp={pp}</text>')
             for dp in range(L.dp):
-                x = x0 + margin + dp * (cell + gap)
+                x = x0 + margin + dp * (side + gap)
                 out.append(f'<text x="{x + 8}" y="{top - 6}">dp={dp}</text>')
             for tp in range(L.tp):
-                y = top + tp * (cell + gap)
-                out.append(f'<text x="{x0 + 4}" y="{y + cell // 2 + 4}">tp={tp}</text>')
+                y = top + tp * (side + gap)
+                out.append(f'<text x="{x0 + 4}" y="{y + side // 2 + 4}">tp={tp}</text>')
                 for dp in range(L.dp):
-                    x = x0 + margin + dp * (cell + gap)
+                    x = x0 + margin + dp * (side + gap)
                     r = L.rank_of(pp=pp, dp=dp, tp=tp)
-                    colour = _PALETTE[tp % len(_PALETTE)]
+                    colour = PALETTE[tp % len(PALETTE)]
                     stroke = 'stroke="black" stroke-width="3"' if r == self.highlight else ""
-                    out.append(f'<rect x="{x}" y="{y}" width="{cell}" height="{cell}" rx="6" '
+                    out.append(f'<rect x="{x}" y="{y}" width="{side}" height="{side}" rx="6" '
                                f'fill="{colour}" fill-opacity="0.35" {stroke}/>')
-                    out.append(f'<text x="{x + cell // 2}" y="{y + cell // 2 + 5}" '
+                    out.append(f'<text x="{x + side // 2}" y="{y + side // 2 + 5}" '
                                f'text-anchor="middle" font-size="15">{r}</text>')
-        y = top + L.tp * (cell + gap) + 18
+        y = top + L.tp * (side + gap) + 18
         out.append(f'<text x="4" y="{y}">row (same colour) = dp group: same shard, '
                    "different data</text>")
         out.append(f'<text x="4" y="{y + 16}">column = tp group: one model split across '
@@ -248,11 +180,6 @@ class GridPicture:
         out.append("</svg>")
         return "".join(out)
 
-    def save(self, path: str) -> None:
-        """Write the SVG picture to `path` (for slides and handouts)."""
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(self._repr_svg_())
-
 
 def grid(grid_or_none: Any = None, *, dp: int = 1, tp: int = 1, pp: int = 1,
          highlight: int | None = None) -> GridPicture:
@@ -261,8 +188,6 @@ def grid(grid_or_none: Any = None, *, dp: int = 1, tp: int = 1, pp: int = 1,
     Works in the notebook kernel without launching anything, so you can look at a layout
     before you build it.
     """
-    from dpmp_lab.grid import GridLayout
-
     if grid_or_none is None:
         layout = GridLayout(dp=dp, tp=tp, pp=pp)
     else:
@@ -281,7 +206,7 @@ _KIND_COLOUR = {"F": "#4e79a7", "B": "#f28e2b"}
 _KIND_FILL = {"F": ">", "B": "<"}
 
 
-class Timeline:
+class Timeline(Picture):
     """Forward and backward boxes per pipeline stage over time, idle time (the bubble) shaded.
 
     `str()` draws text: an F box is its label filled with '>' (activations flow to later
@@ -291,8 +216,6 @@ class Timeline:
 
     def __init__(self, rows: Sequence[tuple[str, Sequence[Any]]], *, unit: str,
                  title: str = "", width: int | None = None):
-        from dpmp_lab.pp import measured_bubble
-
         self.rows = [(label, list(spans)) for label, spans in rows]
         self.unit = unit
         self.title = title
@@ -322,15 +245,12 @@ class Timeline:
                    + f" {self.unit}")
         return "\n".join(out)
 
-    __repr__ = __str__
-
     def _repr_svg_(self) -> str:
         label_w, plot_w, right_w, row_h, top = 130, 720, 80, 28, 34
         height = top + len(self.rows) * row_h + 62
         x_of = lambda t: label_w + t / self.end * plot_w  # noqa: E731
         total_w = max(label_w + plot_w + right_w, int(len(self.title) * 6.5) + 8)
-        out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{total_w}" '
-               f'height="{height}" font-family="sans-serif" font-size="12">',
+        out = [svg_start(total_w, height),
                '<defs><pattern id="dpmp-idle" width="6" height="6" patternUnits="userSpaceOnUse" '
                'patternTransform="rotate(45)"><rect width="6" height="6" fill="#eee"/>'
                '<line x1="0" y1="0" x2="0" y2="6" stroke="#bbb" stroke-width="2"/></pattern>'
@@ -370,11 +290,6 @@ class Timeline:
         out.append("</svg>")
         return "".join(out)
 
-    def save(self, path: str) -> None:
-        """Write the SVG picture to `path`."""
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(self._repr_svg_())
-
 
 def timeline(schedule_or_run: Any, *, width: int | None = None) -> Timeline:
     """Draw a pipeline step: `dl.viz.timeline(pp.one_f_one_b(4, 8))` (simulated time steps),
@@ -382,8 +297,6 @@ def timeline(schedule_or_run: Any, *, width: int | None = None) -> Timeline:
     PipelineResult (measured, in ms from the first action). `width`: text columns of the time
     axis.
     """
-    from dpmp_lab.pp import PipelineResult, Schedule, measured_bubble
-
     if isinstance(schedule_or_run, Schedule):
         s = schedule_or_run
         rows = [(f"stage {i}", spans) for i, spans in enumerate(s.spans)]
@@ -401,277 +314,3 @@ def timeline(schedule_or_run: Any, *, width: int | None = None) -> Timeline:
     title = (f"{results[0].schedule}, measured: p={results[0].n_stages} stages, "
              f"m={len(results[0].spans) // 2} micro-batches; bubble {bubble:.1%}")
     return Timeline(rows, unit="ms", title=title, width=width)
-
-
-# -- collectives ----------------------------------------------------------------------------------
-
-COLLECTIVES = ("broadcast", "reduce", "all_reduce", "all_gather", "reduce_scatter", "all_to_all",
-               "gather", "scatter", "send_recv")
-_ROOTED = ("broadcast", "reduce", "gather", "scatter")
-_COLLECTIVE_ALIASES = {"send/recv": "send_recv", "send": "send_recv", "recv": "send_recv",
-                       "p2p": "send_recv"}
-_MAX_DRAWN_RANKS = 16
-
-
-class _Box:
-    """One buffer: the sum of `pieces` (rank, chunk), chunk None meaning the whole tensor.
-
-    kind "empty" is a buffer whose old contents do not matter (it is about to be written);
-    "scratch" is a buffer the operation may have overwritten with something you must not use.
-    """
-
-    def __init__(self, pieces: Sequence[tuple[int, int | None]] = (), kind: str = "data"):
-        self.pieces = tuple(pieces)
-        self.kind = kind
-
-    @property
-    def label(self) -> str:
-        if self.kind == "empty":
-            return "-"
-        if self.kind == "scratch":
-            return "?"
-        names = [f"x{r}" if c is None else f"x{r}[{c}]" for r, c in self.pieces]
-        if len(names) > 4:
-            names = [names[0], "...", names[-1]]
-        return "+".join(names)
-
-    @property
-    def ranks(self) -> list[int]:
-        return [r for r, _ in self.pieces]
-
-
-def _states(op: str, n: int, root: int) -> tuple[list[list[_Box]], list[list[_Box]], str, str]:
-    """(before, after, what happens, where training uses it) for `op` on n ranks."""
-    def whole(r: int) -> _Box:
-        return _Box([(r, None)])
-
-    def chunks(r: int) -> list[_Box]:
-        return [_Box([(r, c)]) for c in range(n)]
-
-    empty, scratch, ranks = _Box(kind="empty"), _Box(kind="scratch"), range(n)
-    total = _Box([(r, None) for r in ranks])
-    if op == "broadcast":
-        return ([[whole(r)] if r == root else [empty] for r in ranks],
-                [[whole(root)] for _ in ranks],
-                f"rank {root} sends its tensor to every rank",
-                "Data parallel starts with one: every replica takes rank 0's initial weights.")
-    if op == "reduce":
-        return ([[whole(r)] for r in ranks],
-                [[total] if r == root else [scratch] for r in ranks],
-                f"the sum of every rank's tensor arrives at rank {root} only",
-                "The other ranks' tensors may now hold partial sums (gloo leaves them "
-                "there): never read them.")
-    if op == "all_reduce":
-        return ([[whole(r)] for r in ranks], [[total] for _ in ranks],
-                "every rank ends with the sum of every rank's tensor",
-                "Data parallel's gradient sync. A ring does it as reduce_scatter + all_gather: "
-                f"each rank sends 2(n-1)/n = {2 * (n - 1) / n:.2f} x the tensor.")
-    if op == "all_gather":
-        return ([[whole(r)] for r in ranks], [[whole(s) for s in ranks] for _ in ranks],
-                "every rank ends with every rank's tensor, concatenated in rank order",
-                "Tensor parallel's forward: Y = [Y0 | Y1 | ...] from each rank's block of "
-                "columns.")
-    if op == "reduce_scatter":
-        return ([chunks(r) for r in ranks],
-                [[_Box([(s, r) for s in ranks])] for r in ranks],
-                "rank r ends with chunk r of the sum",
-                "The first half of a ring all_reduce; ZeRO shards gradients with it, sequence "
-                "parallelism uses it instead of an all_reduce.")
-    if op == "all_to_all":
-        return ([chunks(r) for r in ranks],
-                [[_Box([(s, r)]) for s in ranks] for r in ranks],
-                "rank r sends its chunk c to rank c: the chunks are transposed",
-                "Mixture of experts: every rank sends each other rank the tokens for its "
-                "experts.")
-    if op == "gather":
-        return ([[whole(r)] for r in ranks],
-                [[whole(s) for s in ranks] if r == root else [whole(r)] for r in ranks],
-                f"rank {root} collects every rank's tensor, in rank order",
-                "The other ranks keep their tensor and receive nothing.")
-    if op == "scatter":
-        return ([chunks(r) if r == root else [empty] for r in ranks],
-                [[_Box([(root, r)])] for r in ranks],
-                f"rank {root} hands chunk r of its tensor to rank r",
-                "The other ranks only provide a buffer to receive into.")
-    return ([[whole(r)] for r in ranks], [[whole((r - 1) % n)] for r in ranks],
-            "every rank sends its tensor to rank r+1 and receives rank r-1's (one ring step)",
-            "Point to point: pipeline stages hand activations on this way, and ring "
-            "collectives are built from such steps.")
-
-
-class CollectivePicture:
-    """What every rank holds before and after one collective.
-
-    x_r is rank r's tensor and x_r[c] its chunk c (torch.tensor_split into n chunks); a box
-    that lists several pieces holds their sum. `str()` gives a table, a notebook shows SVG with
-    one colour per rank the data came from. `before` and `after` are the labels, per rank.
-    """
-
-    def __init__(self, op: str, n: int, root: int | None):
-        self.op, self.n, self.root = op, n, root
-        self._before, self._after, self.summary, self.note = _states(op, n, root or 0)
-
-    @property
-    def before(self) -> list[list[str]]:
-        return [[b.label for b in boxes] for boxes in self._before]
-
-    @property
-    def after(self) -> list[list[str]]:
-        return [[b.label for b in boxes] for boxes in self._after]
-
-    @property
-    def title(self) -> str:
-        return f"{self.op} on {self.n} ranks: {self.summary}"
-
-    def expected(self, inputs: Sequence[Any]) -> list[Any]:
-        """What each rank's output holds when rank r's tensor is inputs[r]: the picture turned
-        into numbers, to hold next to a live run. None where the picture shows scratch."""
-        import torch
-
-        if len(inputs) != self.n:
-            raise ValueError(f"the picture has {self.n} ranks but got {len(inputs)} inputs")
-        flat = [torch.as_tensor(x).flatten() for x in inputs]
-
-        def value(box: _Box) -> Any:
-            return sum(flat[r] if c is None else torch.tensor_split(flat[r], self.n)[c]
-                       for r, c in box.pieces)
-
-        return [None if any(b.kind != "data" for b in boxes)
-                else torch.cat([value(b) for b in boxes]) for boxes in self._after]
-
-    @property
-    def legend(self) -> str:
-        """What the symbols in this picture mean (only the ones it uses)."""
-        boxes = [b for boxes in self._before + self._after for b in boxes]
-        parts = ["x_r = rank r's tensor"]
-        if any(c is not None for b in boxes for _, c in b.pieces):
-            parts.append(f"x_r[c] = its chunk c (torch.tensor_split into {self.n})")
-        if any(len(b.pieces) > 1 for b in boxes):
-            parts.append("x0+x1 = their sum")
-        if any(b.kind == "empty" for b in boxes):
-            parts.append("- = a buffer whose old contents do not matter")
-        if any(b.kind == "scratch" for b in boxes):
-            parts.append("? = scratch, do not read")
-        return "; ".join(parts)
-
-    def __str__(self) -> str:
-        rows = [[r, " | ".join(b), " | ".join(a)]
-                for r, (b, a) in enumerate(zip(self.before, self.after, strict=True))]
-        return str(Table(["rank", "before", "after"], rows, title=self.title,
-                         note=f"{self.note}\n{self.legend}"))
-
-    __repr__ = __str__
-
-    def _repr_svg_(self) -> str:
-        row_h, box_h, top, left, gap = 30, 22, 44, 62, 4
-
-        def width(box: _Box) -> int:
-            return max(30, 7 * len(box.label) + 12)
-
-        def span(boxes: list[_Box]) -> int:
-            return sum(width(b) + gap for b in boxes)
-
-        before_w = max(span(b) for b in self._before)
-        after_x = left + before_w + 56
-        total_w = max(after_x + max(span(a) for a in self._after) + 10,
-                      int(6.2 * max(len(self.title), len(self.note), len(self.legend))) + 12)
-        height = top + self.n * row_h + 46
-        out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{total_w}" height="{height}" '
-               'font-family="sans-serif" font-size="12">',
-               '<defs><marker id="dpmp-arrow" viewBox="0 0 10 10" refX="9" refY="5" '
-               'markerWidth="7" markerHeight="7" orient="auto"><path d="M0,0 L10,5 L0,10 z" '
-               'fill="#555"/></marker>']
-        gradients = {tuple(b.ranks) for boxes in self._after + self._before for b in boxes
-                     if len(set(b.ranks)) > 1}
-        for ranks in sorted(gradients):
-            stops = []
-            for i, r in enumerate(ranks):
-                colour = _PALETTE[r % len(_PALETTE)]
-                stops.append(f'<stop offset="{i / len(ranks):.3f}" stop-color="{colour}"/>'
-                             f'<stop offset="{(i + 1) / len(ranks):.3f}" '
-                             f'stop-color="{colour}"/>')
-            out.append(f'<linearGradient id="{_gradient_id(ranks)}">{"".join(stops)}'
-                       "</linearGradient>")
-        out.append("</defs>")
-        out.append(f'<text x="4" y="16">{html.escape(self.title)}</text>')
-        out.append(f'<text x="{left}" y="{top - 8}" fill="#555">before</text>')
-        out.append(f'<text x="{after_x}" y="{top - 8}" fill="#555">after</text>')
-        for r in range(self.n):
-            y = top + r * row_h
-            out.append(f'<text x="4" y="{y + 15}">rank {r}</text>')
-            out += _draw_boxes(self._before[r], left, y, box_h, gap, width)
-            mid = y + box_h / 2
-            out.append(f'<line x1="{left + before_w + 8}" y1="{mid}" x2="{after_x - 10}" '
-                       f'y2="{mid}" stroke="#555" marker-end="url(#dpmp-arrow)"/>')
-            out += _draw_boxes(self._after[r], after_x, y, box_h, gap, width)
-        y = top + self.n * row_h + 14
-        out.append(f'<text x="4" y="{y}">{html.escape(self.note)}</text>')
-        out.append(f'<text x="4" y="{y + 18}" fill="#555">{html.escape(self.legend)}</text>')
-        out.append("</svg>")
-        return "".join(out)
-
-    def save(self, path: str) -> None:
-        """Write the SVG picture to `path` (for slides and handouts)."""
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(self._repr_svg_())
-
-
-def _gradient_id(ranks: Sequence[int]) -> str:
-    # named by content, so pictures sharing a page share identical definitions
-    return "dpmp-sum-" + "-".join(str(r) for r in ranks)
-
-
-def _draw_boxes(boxes: list[_Box], x: float, y: float, h: int, gap: int, width: Any) -> list[str]:
-    out = []
-    for box in boxes:
-        w = width(box)
-        if box.kind == "empty":
-            style = 'fill="white" stroke="#999" stroke-dasharray="3,2"'
-        elif box.kind == "scratch":
-            style = 'fill="#eee" stroke="#999"'
-        elif len(set(box.ranks)) > 1:
-            style = f'fill="url(#{_gradient_id(box.ranks)})" fill-opacity="0.45" stroke="#555"'
-        else:
-            style = f'fill="{_PALETTE[box.ranks[0] % len(_PALETTE)]}" fill-opacity="0.45" ' \
-                    'stroke="#555"'
-        out.append(f'<rect x="{x}" y="{y}" width="{w}" height="{h}" rx="4" {style}/>')
-        out.append(f'<text x="{x + w / 2}" y="{y + h / 2 + 4}" text-anchor="middle">'
-                   f"{html.escape(box.label)}</text>")
-        x += w + gap
-    return out
-
-
-def collective(op: str, n: int = 4, *, root: int | None = None) -> CollectivePicture:
-    """Draw what each of n ranks holds before and after a collective:
-    `dl.viz.collective("all_reduce")`, `dl.viz.collective("broadcast", root=2)`.
-
-    op: one of COLLECTIVES (broadcast, reduce, all_reduce, all_gather, reduce_scatter,
-    all_to_all, gather, scatter, send_recv). root: the source or destination rank of
-    broadcast, reduce, gather and scatter (default 0).
-    """
-    if not isinstance(op, str):
-        raise TypeError(f"op must be the name of a collective, e.g. 'all_reduce', not "
-                        f"{type(op).__name__}")
-    name = op.strip().lower().replace("-", "_").replace(" ", "_")
-    name = _COLLECTIVE_ALIASES.get(name, name)
-    if name not in COLLECTIVES:
-        squashed = name.replace("_", "")
-        guess = [c for c in COLLECTIVES if c.replace("_", "") == squashed]
-        hint = f" (did you mean {guess[0]!r}?)" if guess else ""
-        raise ValueError(f"unknown collective {op!r}{hint}; dl.viz.collective draws: "
-                         f"{', '.join(COLLECTIVES)}")
-    if isinstance(n, bool) or not isinstance(n, int):
-        raise TypeError(f"n is a number of ranks, not {n!r}")
-    if not 1 <= n <= _MAX_DRAWN_RANKS:
-        raise ValueError(f"n must be between 1 and {_MAX_DRAWN_RANKS} ranks to draw, not {n}")
-    if name == "send_recv" and n < 2:
-        raise ValueError("send_recv needs at least 2 ranks: one to send, one to receive")
-    if root is not None:
-        if name not in _ROOTED:
-            raise ValueError(f"{name} has no root: every rank plays the same part (only "
-                             f"{', '.join(_ROOTED)} take root=)")
-        if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < n:
-            raise ValueError(f"root must be a rank between 0 and {n - 1}, not {root!r}")
-    elif name in _ROOTED:
-        root = 0
-    return CollectivePicture(name, n, root)

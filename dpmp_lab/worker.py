@@ -1,10 +1,10 @@
 """What runs inside one rank: set the process up, run the learner's function, report back.
 
-The launcher (launch.py) starts one process per rank with `rank_main` as its target. A rank
-talks to the launcher through plain pipes:
+The launcher (ranks.py) starts one process per rank with `rank_main` as its target. A rank
+talks to the launcher through plain pipes (protocol.Pipe):
 
     out, err   the rank's file descriptors 1 and 2, so native messages (gloo, NCCL) are kept
-    msg        framed messages to the launcher: started, returned, raised
+    msg        messages to the launcher (protocol.py): Started, then Returned or Raised
     dump       where faulthandler writes every thread's stack when the launcher asks (SIGUSR1)
     release    the launcher says "everyone has returned": only then is the group torn down
 
@@ -29,12 +29,16 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field
+from multiprocessing import forkserver
+from multiprocessing.connection import Connection
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from dpmp_lab import audit, integrity, serialize, trace
+from dpmp_lab._helpers import group_ready
+from dpmp_lab.protocol import Message, Raised, Returned, Started
 
 
 @dataclass
@@ -56,8 +60,10 @@ class RankSpec:
     device_audit: bool = False  # see audit.py: cpu:0 stands in for the GPU, misplaced data fails
 
 
-@dataclass
+@dataclass(frozen=True)
 class RankContext:
+    """Where this rank runs: what rank(), world_size() and device() answer inside it."""
+
     rank: int
     world_size: int
     device: torch.device
@@ -73,15 +79,11 @@ def _outside_a_rank(name: str) -> RuntimeError:
     )
 
 
-def _group_ready() -> bool:
-    return dist.is_available() and dist.is_initialized()
-
-
 def rank() -> int:
     """This process's rank in the default process group."""
     if _context is not None:
         return _context.rank
-    if _group_ready():
+    if group_ready():
         return dist.get_rank()
     raise _outside_a_rank("rank")
 
@@ -90,7 +92,7 @@ def world_size() -> int:
     """How many ranks the default process group has."""
     if _context is not None:
         return _context.world_size
-    if _group_ready():
+    if group_ready():
         return dist.get_world_size()
     raise _outside_a_rank("world_size")
 
@@ -103,7 +105,7 @@ def device() -> torch.device:
     `cpu:0`, the audit's stand-in for the GPU."""
     if _context is not None:
         return _context.device
-    if _group_ready():
+    if group_ready():
         if uses_nccl():
             return torch.device("cuda", int(os.environ.get("LOCAL_RANK", dist.get_rank())))
         return torch.device("cpu")
@@ -122,7 +124,8 @@ def nccl_backend() -> str:
     return "cpu:gloo,cuda:nccl"
 
 
-def rank_main(spec: RankSpec, out_w, err_w, msg_w, dump_w, release_r) -> None:
+def rank_main(spec: RankSpec, out_w: Connection, err_w: Connection, msg_w: Connection,
+              dump_w: Connection, release_r: Connection) -> None:
     """Entry point of a rank process (the target of multiprocessing.Process)."""
     _own_process_group()
     _die_with_parent()
@@ -132,7 +135,7 @@ def rank_main(spec: RankSpec, out_w, err_w, msg_w, dump_w, release_r) -> None:
     faulthandler.enable(file=sys.stderr, all_threads=True)  # SIGSEGV/SIGABRT print a stack
     faulthandler.register(signal.SIGUSR1, file=dump_w, all_threads=True)
     _apply_caller_state(spec)
-    _send(msg_w, ("started", os.getpid(), threading.get_ident()))
+    _send(msg_w, Started(pid=os.getpid(), main_thread=threading.get_ident()))
 
     global _context
     try:
@@ -145,7 +148,7 @@ def rank_main(spec: RankSpec, out_w, err_w, msg_w, dump_w, release_r) -> None:
         _send_result(msg_w, value, trace)
     except BaseException as exc:
         _flush_all()
-        _send(msg_w, ("raised", *_describe(exc)))
+        _send(msg_w, _describe(exc))
         _flush_all()
         return  # the launcher stops every rank now; tearing the group down here could hang
     _flush_all()
@@ -172,8 +175,6 @@ def _die_with_parent() -> None:
     A forkserver child inherits a pipe that keeps the forkserver alive while any child lives;
     closing it lets the forkserver exit when the kernel dies, and this rank follows its parent.
     """
-    from multiprocessing import forkserver
-
     server = getattr(forkserver, "_forkserver", None)
     if getattr(server, "_forkserver_alive_fd", None) is not None:
         try:
@@ -283,13 +284,13 @@ def _call_user(fn, args, kwargs, traced: bool) -> tuple[Any, Any]:
 # -- reporting -----------------------------------------------------------------------------
 
 
-def _send(conn, message: tuple) -> None:
+def _send(conn, message: Message) -> None:
     conn.send_bytes(serialize.dumps(message))
 
 
 def _send_result(conn, value, trace) -> None:
     try:
-        data = serialize.dumps(("returned", value, trace))
+        data = serialize.dumps(Returned(value=value, trace=trace))
     except Exception as exc:
         raise TypeError(
             f"the function returned a {type(value).__name__} that cannot be sent back to the "
@@ -299,8 +300,8 @@ def _send_result(conn, value, trace) -> None:
     conn.send_bytes(data)
 
 
-def _describe(exc: BaseException) -> tuple[str, str, str, int | None]:
-    """(exception type, message, traceback text, exit code) of an exception in this rank."""
+def _describe(exc: BaseException) -> Raised:
+    """What the launcher is told about an exception in this rank."""
     kind = type(exc)
     name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
     exitcode = None
@@ -308,7 +309,8 @@ def _describe(exc: BaseException) -> tuple[str, str, str, int | None]:
         exitcode = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     report = traceback.TracebackException(kind, exc, exc.__traceback__)
     _drop_plumbing(report)
-    return name, str(exc), "".join(report.format()), exitcode
+    return Raised(exc_type=name, message=str(exc), traceback="".join(report.format()),
+                  exitcode=exitcode)
 
 
 # Frames that only wrap the learner's call: this module's, torch's logging decorator, the

@@ -356,6 +356,9 @@ def test_messages_for_empty_results_wrong_constants_and_switched_off_classes():
     with pytest.raises(CheckFailed, match="not over the ranks: this run has 2.*wrong constant factor") as info:
         dl.check.compare([{"m": 10 * e}, {"m": 10 * e}], {"m": e}, dtype=torch.float64)
     assert "ranks or micro-batches" not in str(info.value)
+    with pytest.raises(CheckFailed, match="1/10 of the reference: divided by 10 once too often "
+                                          r"\(not the ranks: this run has 2\)"):
+        dl.check.compare([{"m": e / 10}, {"m": e / 10}], {"m": e}, dtype=torch.float64)
     with pytest.raises(CheckFailed, match="2x the reference: a sum over 2 ranks"):
         dl.check.compare([{"m": 2 * e}, {"m": 2 * e}], {"m": e}, dtype=torch.float64)
     with dl.check.references_off("ProcessGrid"):      # a top-level, guarded name too

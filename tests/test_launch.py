@@ -307,7 +307,7 @@ def test_point_to_point_deadlock_is_named_as_one_not_as_a_collective():
                                     "matching recv"), f.message
     assert "collective" not in info.value.hint and "isend/irecv" in info.value.hint
     # the same reading of a stack that faulthandler dumped on a launch timeout
-    from dpmp_lab.launch import _p2p_wait
+    from dpmp_lab.failures import p2p_wait as _p2p_wait
     stuck = ('  File "/x/torch/distributed/distributed_c10d.py", line 9, in recv\n'
              '  File "/x/torch/distributed/distributed_c10d.py", line 9, in wait\n')
     assert _p2p_wait('  File "cell", line 3, in f\n' + stuck) is None   # innermost is wait

@@ -1,15 +1,4 @@
-"""Data parallelism: every rank holds the whole model, trains on its own slice of the batch, and
-the ranks average their gradients so that every replica takes the same step.
-
-    model = DataParallel(TinyMLP(), bucket_mb=1.0, overlap=True)
-    loss_fn(model(x_shard), y_shard).backward()   # buckets are all-reduced while backward runs
-    model.finish_gradient_sync()                  # wait, divide by the group size, write p.grad
-    opt.step()
-
-Why averaging is enough: the loss of the full batch is the mean of the per-rank mean losses
-(when every rank has as many samples), so its gradient is the mean of the per-rank gradients.
-The mean is an all-reduce with SUM followed by a division by the group size (gloo's
-ReduceOp.AVG has a correctness bug, so we never use it).
+"""DataParallel: replicate a module over a process group and average its gradients.
 
 Three ways to do the all-reduce, from naive to what torch's DistributedDataParallel does:
 - bucket_mb=0: one all-reduce per trainable tensor. Many small messages: each pays a latency.
@@ -23,13 +12,6 @@ So buckets are launched strictly in bucket order (a ready bucket waits for the o
 and finish_gradient_sync() launches whatever backward did not: buckets holding a parameter this
 rank did not use this step (its gradient counts as zeros). Afterwards every trainable
 parameter has a gradient on every rank, zeros where no rank used it.
-
-ShardedOptimizer is ZeRO stage 1: the gradients are reduce-scattered instead of all-reduced, so
-each rank gets the averaged gradient of its own 1/N of the parameters, keeps optimizer state
-(AdamW's two moments: twice the parameters) only for that shard, updates it, and all-gathers
-the updated shards. Same traffic as an all-reduce (which is a reduce-scatter plus an
-all-gather; gloo emulates reduce-scatter with an all-reduce, nccl does not), 1/N of the
-optimizer memory.
 """
 
 from __future__ import annotations
@@ -37,8 +19,7 @@ from __future__ import annotations
 import contextlib
 import math
 import weakref
-import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,63 +27,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from dpmp_lab.dp.replicas import _check_same_everywhere, _first_rank, _resolve_group
+
 MiB = 1024 * 1024
-
-
-# -- process groups and replicas -----------------------------------------------------------------
-
-
-def _resolve_group(group: Any, who: str) -> dist.ProcessGroup:
-    """The process group to average over (None: every rank), checked for this rank."""
-    if not (dist.is_available() and dist.is_initialized()):
-        raise RuntimeError(f"{who} needs a process group: run it inside the ranks of "
-                           "dl.launch(...) (or after dist.init_process_group)")
-    if group is None:
-        return dist.group.WORLD
-    if group is dist.GroupMember.NON_GROUP_MEMBER:
-        raise ValueError(f"rank {dist.get_rank()} is not a member of the group given to {who}: "
-                         "dist.new_group hands non-members a placeholder; give every rank the "
-                         "group it belongs to (e.g. grid.dp_group)")
-    if not isinstance(group, dist.ProcessGroup):
-        raise TypeError(f"group must be a torch.distributed ProcessGroup or None, "
-                        f"not {type(group).__name__}")
-    return group
-
-
-def _first_rank(group: dist.ProcessGroup) -> int:
-    """The GLOBAL rank of the group's rank 0: broadcast takes global ranks as src."""
-    return dist.get_process_group_ranks(group)[0]
-
-
-def _check_same_everywhere(tensors: list[torch.Tensor], group: dist.ProcessGroup,
-                           what: str) -> None:
-    """Refuse replicas whose tensors differ in number, shape, dtype or requires_grad.
-
-    Without this, the first collective over buffers of different sizes makes gloo abort the
-    process with a native message. One all_gather of a fixed-size fingerprint costs nothing.
-    """
-    layout = ";".join(f"{tuple(t.shape)}/{t.dtype}/{t.requires_grad}" for t in tensors)
-    mine = torch.tensor([len(tensors), sum(t.numel() for t in tensors),
-                         zlib.crc32(layout.encode())], dtype=torch.int64,
-                        device=tensors[0].device)
-    size = dist.get_world_size(group)
-    everyone = torch.empty(size * mine.numel(), dtype=torch.int64, device=mine.device)
-    dist.all_gather_single(everyone, mine, group=group)
-    rows = everyone.view(size, -1).tolist()
-    ranks = dist.get_process_group_ranks(group)
-    odd = [(ranks[i], row) for i, row in enumerate(rows) if row != rows[0]]
-    if odd:
-        seen = "; ".join(f"rank {r} has {row[0]} tensors with {row[1]} elements"
-                         + (" but other shapes, dtypes or requires_grad" if row[:2] == rows[0][:2]
-                            else "") for r, row in odd)
-        raise ValueError(
-            f"the ranks hold different {what}: rank {ranks[0]} has {rows[0][0]} tensors with "
-            f"{rows[0][1]} elements; {seen}. Data parallelism needs the same model on every "
-            "rank of the group: build it with the same shapes, dtypes and requires_grad "
-            "everywhere (only the values may differ).")
-
-
-# -- DataParallel ---------------------------------------------------------------------------------
 
 
 @dataclass
@@ -337,122 +264,3 @@ def _same_kind(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Tensors that can share one flat buffer."""
     return a.dtype == b.dtype and a.device == b.device
 
-
-# -- ZeRO-1 ---------------------------------------------------------------------------------------
-
-
-class ShardedOptimizer:
-    """ZeRO stage 1: each rank keeps optimizer state for 1/N of the parameters only.
-
-    params:          the trainable parameters of a plain (not DataParallel-wrapped) model; this
-                     class averages the gradients itself.
-    optimizer_cls:   the optimizer run on this rank's shard, e.g. torch.optim.AdamW.
-    group:           the data-parallel ranks (None: every rank).
-    optimizer_kwargs: passed on, e.g. lr=1e-3, weight_decay=0.01.
-
-    The parameters are flattened into one vector, padded to a multiple of the group size N and
-    cut into N contiguous shards; rank r owns shard r. At construction the vector is broadcast
-    from the group's first rank, so replicas start identical. step() = reduce-scatter the flat
-    gradients (SUM, then / N), optimizer step on the shard, all-gather the updated shards into
-    the parameters. A parameter without a gradient counts as a zero gradient (so AdamW still
-    decays it), because every rank must send the same vector. p.grad keeps this rank's local
-    gradient: only the shard's average is ever formed.
-    """
-
-    def __init__(self, params: Iterable[torch.Tensor],
-                 optimizer_cls: type[torch.optim.Optimizer] = torch.optim.AdamW,
-                 group: dist.ProcessGroup | None = None, **optimizer_kwargs: Any):
-        if not (isinstance(optimizer_cls, type) and issubclass(optimizer_cls,
-                                                                torch.optim.Optimizer)):
-            raise TypeError(f"optimizer_cls must be a torch.optim.Optimizer class such as "
-                            f"torch.optim.AdamW, not {optimizer_cls!r}")
-        if isinstance(params, torch.Tensor):
-            raise TypeError("params must be an iterable of tensors, e.g. model.parameters()")
-        params = list(params)
-        for p in params:
-            if not isinstance(p, torch.Tensor):
-                raise TypeError(f"params must be tensors (e.g. model.parameters()); got a "
-                                f"{type(p).__name__} (parameter groups are not supported)")
-        self.group = _resolve_group(group, "ShardedOptimizer")
-        self.group_size = dist.get_world_size(self.group)
-        self.group_rank = dist.get_rank(self.group)
-        unique = list({id(p): p for p in params}.values())      # a tied parameter once
-        self.params = [p for p in unique if p.requires_grad]
-        if not self.params:
-            raise ValueError("ShardedOptimizer got no trainable parameters (none requires "
-                             "grad): there is nothing to optimize")
-        kinds = {(p.dtype, p.device) for p in self.params}
-        if len(kinds) > 1:
-            raise TypeError(f"all parameters must share one dtype and device to be flattened "
-                            f"into one buffer; got {sorted(str(k) for k in kinds)}")
-        _check_same_everywhere(self.params, self.group, "parameters")
-
-        self.numel = sum(p.numel() for p in self.params)
-        self.shard_size = -(-self.numel // self.group_size)          # ceil
-        padded = self.shard_size * self.group_size
-        like = self.params[0]
-        self._flat_params = torch.zeros(padded, dtype=like.dtype, device=like.device)
-        self._flat_grads = torch.zeros_like(self._flat_params)
-        with torch.no_grad():
-            self._pack(self._flat_params, [p.detach() for p in self.params])
-            dist.broadcast(self._flat_params, src=_first_rank(self.group), group=self.group)
-            self._unpack_params()
-        lo = self.group_rank * self.shard_size
-        self.shard = nn.Parameter(self._flat_params[lo:lo + self.shard_size].clone())
-        self.optimizer = optimizer_cls([self.shard], **optimizer_kwargs)
-
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        """The inner optimizer's param groups (change the learning rate here)."""
-        return self.optimizer.param_groups
-
-    @property
-    def state_numel(self) -> int:
-        """Optimizer-state elements this rank holds (AdamW: 2 x shard_size + 1 step counter,
-        after the first step); unsharded AdamW holds 2 x numel + one counter per tensor."""
-        return sum(t.numel() for state in self.optimizer.state.values()
-                   for t in state.values() if isinstance(t, torch.Tensor))
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        for p in self.params:
-            if set_to_none:
-                p.grad = None
-            elif p.grad is not None:
-                p.grad.zero_()
-
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        """Average gradients (reduce-scatter), update this rank's shard, gather every shard."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        with torch.no_grad():
-            self._pack(self._flat_grads, [p.grad for p in self.params])
-            shard_grad = torch.empty_like(self.shard)
-            dist.reduce_scatter_single(shard_grad, self._flat_grads, op=dist.ReduceOp.SUM,
-                                       group=self.group)
-            self.shard.grad = shard_grad.div_(self.group_size)
-            self.optimizer.step()
-            dist.all_gather_single(self._flat_params, self.shard.detach(),
-                                        group=self.group)
-            self._unpack_params()
-        return loss
-
-    def _pack(self, flat: torch.Tensor, tensors: list[torch.Tensor | None]) -> None:
-        start = 0
-        for p, t in zip(self.params, tensors, strict=True):
-            view = flat[start:start + p.numel()].view(p.shape)
-            if t is None:
-                view.zero_()
-            else:
-                view.copy_(t)
-            start += p.numel()
-
-    def _unpack_params(self) -> None:
-        start = 0
-        for p in self.params:
-            p.copy_(self._flat_params[start:start + p.numel()].view(p.shape))
-            start += p.numel()
-
-
-__all__ = ["DataParallel", "ShardedOptimizer"]

@@ -1,0 +1,36 @@
+"""Checks that graders and learners call: numbers against a reference, and communication.
+
+    res = dl.check.against_reference(my_dp_step, full_batch_step, world_size=4,
+                                     comm={("all_reduce", None, "backward"): 2})
+    dl.check.comm(res, {("all_reduce", "tp", "forward"): 1, ("all_reduce", "tp", "backward"): 1})
+
+A failed check raises CheckFailed (an AssertionError) whose message is for the learner: which
+tensor on which rank, how far off, what communication was expected and what was seen, and the
+mistake that most often produces that difference. In a notebook only the message is shown,
+not our internals.
+
+    numbers        compare, close, same_on_all_ranks, against_reference; grads, params
+    communication  comm, overlaps_backward: exact counts per op, group and phase, and bytes
+    references     references_off, with_references_off: the library's versions switched off
+    hints          the likely mistakes, as tables a grader can extend (COMM_HINTS, SCALE_HINTS)
+    failed         CheckFailed
+"""
+
+from dpmp_lab.check.communication import comm, overlaps_backward
+from dpmp_lab.check.failed import CheckFailed
+from dpmp_lab.check.numbers import (
+    FP32,
+    FP64,
+    against_reference,
+    close,
+    compare,
+    grads,
+    params,
+    same_on_all_ranks,
+)
+from dpmp_lab.check.references import ReferenceSwitchedOff, references_off, with_references_off
+from dpmp_lab.trace import OPS
+
+__all__ = ["FP32", "FP64", "OPS", "CheckFailed", "ReferenceSwitchedOff", "against_reference",
+           "close", "comm", "compare", "grads", "overlaps_backward", "params", "references_off",
+           "same_on_all_ranks", "with_references_off"]

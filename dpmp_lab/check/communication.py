@@ -1,0 +1,152 @@
+"""Communication checks: exact counts per op, group and phase, bytes, and overlap with backward.
+
+    dl.check.comm(res, {("all_reduce", "tp", "forward"): 1, ("all_reduce", "tp", "backward"): 1})
+    dl.check.overlaps_backward(res)      # traced with dl.trace(gradients_of=model)
+
+A key names a set of calls: an op ("all_reduce"), (op, group) or (op, group, phase). Each rank's
+calls are counted per key into a table of expected against seen (hints.CommTable). A rank whose
+table is wrong gets it printed with the wrong rows marked, then the likely mistakes that
+hints.COMM_HINTS finds in it; ranks with the same report are reported once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from dpmp_lab import integrity
+from dpmp_lab._helpers import indent, ranks_text
+from dpmp_lab.check.failed import CheckFailed
+from dpmp_lab.check.hints import OVERLAP_HINT, CommTable, Row, likely_mistakes, where
+from dpmp_lab.render import Table, cell, human_bytes
+from dpmp_lab.trace import Trace, matcher, traces_of
+
+Key = tuple[str, Any, str | None]   # (op, group, phase); None: any
+
+
+def comm(traces: Any, expected: Mapping | Callable[[int], Mapping], *,
+         only: bool = True, bytes: Mapping | Callable[[int], Mapping] | None = None,
+         bytes_rtol: float = 0.0, hints: Mapping | None = None,
+         n_params: int | None = None) -> None:
+    """Assert the exact communication each rank issued.
+
+    traces:   res from dl.launch(..., trace=True), res.traces, or one Trace.
+    expected: {key: calls} for every rank, or a function rank -> {key: calls}. A key is an op
+              ("all_reduce"), (op, group) or (op, group, phase); group is a name ("dp"), a
+              tuple of ranks, or None for any; phase is "forward", "backward", "none" or None.
+    only:     every call a rank issued must match some key (else it is reported as extra).
+    bytes:    {key: payload bytes} to check as well (exact, or within bytes_rtol).
+    hints:    {key: message} to show when that key's count is wrong, before the built-in ones.
+    n_params: trainable tensors of the model, so the hint can spot one all-reduce per tensor.
+    """
+    integrity.verify()
+    reports: dict[str, list[int]] = {}   # report -> the ranks it is true of
+    for i, t in enumerate(traces_of(traces)):
+        rank = t.rank if t.rank is not None else i
+        want = expected(rank) if callable(expected) else expected
+        want_bytes = bytes(rank) if callable(bytes) else bytes
+        report = _rank_report(t, want, only, want_bytes, bytes_rtol, hints, n_params)
+        if report:
+            reports.setdefault(report, []).append(rank)
+    if reports:
+        raise CheckFailed("\n\n".join(
+            f"The communication of {ranks_text(ranks)} is not what this exercise expects."
+            f"\n\n{report}" for report, ranks in reports.items()))
+
+
+def overlaps_backward(traces: Any, op: str = "all_reduce", group: Any = None, *,
+                      hint: str = OVERLAP_HINT) -> None:
+    """Assert that in every backward pass of every rank, some `op` call was issued while
+    gradients were still being computed: communication overlapped with backward.
+
+    The traces must come from `dl.trace(gradients_of=model)`, which records when each
+    gradient is computed. A pass counts if it computed gradients and issued `op` calls.
+    """
+    integrity.verify()
+    failures: dict[str, list[int]] = {}   # message -> the ranks it is true of
+    for i, t in enumerate(traces_of(traces)):
+        rank = t.rank if t.rank is not None else i
+        if not t.grads_ready:
+            raise ValueError("no gradient times in the trace: record it with "
+                             "dl.trace(gradients_of=model) around forward and backward")
+        passes = [p for p in t.overlap(op, group) if p.calls]
+        if not passes:
+            failures.setdefault(f"no {op}{where(group, None)} was issued during backward "
+                                f"({t.count(op, group)} outside it).", []).append(rank)
+            continue
+        for n, p in enumerate(passes, 1):
+            if not p.overlapped:
+                failures.setdefault(
+                    f"in backward pass {n}, all {p.calls} {op} call(s) were issued after the "
+                    f"last of its {p.grads} gradients was computed, so none of them overlapped "
+                    "backward.", []).append(rank)
+    if failures:
+        lines = [f"On {ranks_text(ranks)}, {message}" for message, ranks in failures.items()]
+        raise CheckFailed("\n".join(lines) + f"\nLikely mistake: {hint}")
+
+
+def parse_key(key: Any) -> Key:
+    """An expectation's key as (op, group, phase), its names checked at once."""
+    parts = (key,) if isinstance(key, str) else tuple(key)
+    if not 1 <= len(parts) <= 3:
+        raise ValueError(f"a communication key is op, (op, group) or (op, group, phase), "
+                         f"not {key!r}")
+    op, group, phase = (*parts, None, None)[:3]
+    matcher(op, group, phase)   # an unknown op or phase fails here, with a clear message
+    return op, group, phase
+
+
+def comm_table(t: Trace, expected: Mapping, *, only: bool = True,
+               n_params: int | None = None) -> CommTable:
+    """A rank's calls counted per key; with `only`, the calls no key matched as extra rows,
+    one per (op, group, phase)."""
+    matched: set[int] = set()
+    rows = []
+    for key, n in expected.items():
+        op, group, phase = parse_key(key)
+        match = matcher(op, group, phase)
+        picked = [i for i, ev in enumerate(t.events) if match(ev)]
+        matched.update(picked)
+        rows.append(Row(op, group, phase, n, len(picked)))
+    if only:
+        extra: dict[tuple, Row] = {}
+        for i, ev in enumerate(t.events):
+            if i not in matched:
+                k = (ev.op, ev.group_label, ev.phase or "none")
+                extra.setdefault(k, Row(*k, expected=None, seen=0, example=ev)).seen += 1
+        rows += extra.values()
+    return CommTable(rows, n_params)
+
+
+def _rank_report(t: Trace, expected: Mapping, only: bool, want_bytes: Mapping | None,
+                 bytes_rtol: float, hints: Mapping | None, n_params: int | None) -> str:
+    """'' when this rank's communication is right, else its table, bytes and likely mistakes."""
+    table = comm_table(t, expected, only=only, n_params=n_params)
+    bytes_lines = _bytes_problems(t, want_bytes, bytes_rtol)
+    if not table.wrong and not bytes_lines:
+        return ""
+    text = indent(str(Table(
+        ["op", "group", "phase", "expected", "seen"],
+        [[r.op, _any(r.group), _any(r.phase), r.expected or 0, r.seen] for r in table.rows],
+        marks=[r.wrong for r in table.rows])))
+    if bytes_lines:
+        text += "\n\n" + "\n".join(bytes_lines)
+    advice = likely_mistakes(table, {parse_key(k): v for k, v in (hints or {}).items()})
+    if advice:
+        text += "\n\nLikely mistake: " + "\nAlso: ".join(advice)
+    return text
+
+
+def _bytes_problems(t: Trace, want: Mapping | None, rtol: float) -> list[str]:
+    lines = []
+    for key, n in (want or {}).items():
+        op, group, phase = parse_key(key)
+        seen = t.bytes(op, group, phase)
+        if abs(seen - n) > rtol * abs(n):
+            lines.append(f"bytes of {op} on {_any(group)} ({_any(phase)}): expected "
+                         f"{n} ({human_bytes(n)}), seen {seen} ({human_bytes(seen)})")
+    return lines
+
+
+def _any(value: Any) -> str:
+    return "any" if value is None else cell(value)

@@ -1,0 +1,351 @@
+"""The likely mistakes: what the "Likely mistake:" line of a failed check says, kept as tables.
+
+The checks compare; this module knows why results usually come out wrong. Two tables, each a
+list of entries tried in order, where the first entry that applies speaks:
+
+  SCALE_HINTS  a result is the reference times a constant: a sum not divided by the ranks or
+               micro-batches, an average divided twice, a value never filled in.
+  COMM_HINTS   a line of a rank's communication table is wrong: the call went to another group
+               or phase, one collective where another belongs, one all-reduce per parameter
+               tensor, a multiple of the expected count, calls missing, calls nobody expected.
+
+A grader who knows another mistake puts an entry in front, so that it speaks first (the last
+entries of each table apply to everything, so an entry appended after them never speaks):
+
+    from dpmp_lab.check.hints import COMM_HINTS, CommHint
+    COMM_HINTS.insert(0, CommHint(
+        when=lambda row, table: row.op == "all_to_all" and row.expected is None,
+        says="an all_to_all reshuffles every rank's data: this exercise needs none"))
+
+`when(row, table)` sees one wrong row and the rank's whole table (Row, CommTable below); `says`
+is the message, or a function of (row, table) that writes it. SCALE_HINTS works the same way on
+a Scale. The words of one exercise for one key go in `dl.check.comm(..., hints={key: message})`
+instead; they are shown before the table's. Hints are read only once a check has failed, so an
+entry changes what a failure says, never whether a check passes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dpmp_lab.render import cell
+from dpmp_lab.trace import CommEvent, matcher
+
+# -- the fixed hints of single checks -----------------------------------------------------------
+
+REPLICA_HINT = ("the ranks started from different weights (broadcast from rank 0 missing) or "
+                "stepped with different gradients (gradients not averaged over the group).")
+
+OVERLAP_HINT = ("the gradient communication starts only once backward has computed every "
+                "gradient (launched after loss.backward(), in finish(), or all at once from "
+                "the last hook): launch each bucket from a gradient hook as soon as its last "
+                "gradient has arrived, so it travels while earlier layers still compute theirs")
+
+P2P_ADVICE = ("post each send together with its receive (dist.isend/dist.irecv, or "
+              "dist.batch_isend_irecv, then wait), since on gloo a blocking send waits for its "
+              "receiver, and ranks that all send first wait forever")
+
+
+# -- a result that is the reference times a constant ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class Scale:
+    """A result that is the reference times `factor`, element by element."""
+
+    factor: float
+    world: int | None = None   # the ranks of the run, when known
+
+    @property
+    def whole(self) -> int | None:
+        """n when the factor is n or 1/n for a whole number n > 1, else None."""
+        for n in (self.factor, 1 / self.factor) if self.factor else ():
+            if abs(n - round(n)) < 1e-3 and round(n) > 1:
+                return round(n)
+        return None
+
+
+@dataclass(frozen=True)
+class ScaleHint:
+    """A likely mistake behind a scaled result: `says` (a message, or a function of the Scale
+    that writes it) when `when(scale)` holds."""
+
+    when: Callable[[Scale], bool]
+    says: str | Callable[[Scale], str]
+
+
+# A whole factor n reads as a sum over n ranks or micro-batches not divided by n; when n exceeds
+# the ranks of the run it cannot be the ranks.
+SCALE_HINTS: list[ScaleHint] = [
+    ScaleHint(lambda s: s.factor == 0,
+              "every element is zero: the value was never filled in, or was zeroed after it "
+              "was computed (zero_grad in the wrong place?)"),
+    ScaleHint(lambda s: s.whole is not None and s.world is not None and s.whole > s.world
+              and s.factor < 1,
+              lambda s: f"every element is 1/{s.whole} of the reference: divided by {s.whole} "
+                        f"once too often (not the ranks: this run has {s.world}), or a wrong "
+                        "constant factor in the formula"),
+    ScaleHint(lambda s: s.whole is not None and s.world is not None and s.whole > s.world,
+              lambda s: f"every element is {s.whole}x the reference: a sum over {s.whole} "
+                        f"micro-batches or parts that was not divided by {s.whole} (not over "
+                        f"the ranks: this run has {s.world}), or a wrong constant factor in the "
+                        "formula"),
+    ScaleHint(lambda s: s.whole is not None and s.factor > 1,
+              lambda s: f"every element is {s.whole}x the reference: a sum over {s.whole} ranks "
+                        f"or micro-batches that was not divided by {s.whole} (an average is "
+                        "sum / count)"),
+    ScaleHint(lambda s: s.whole is not None,
+              lambda s: f"every element is 1/{s.whole} of the reference: divided by {s.whole} "
+                        f"once too often, or only this rank's part without the sum over "
+                        f"{s.whole} ranks"),
+    ScaleHint(lambda s: True,
+              lambda s: f"every element is {s.factor:.3g}x the reference (a wrong scale factor)"),
+]
+
+
+def scale_hint(actual: torch.Tensor, expected: torch.Tensor, rtol: float, atol: float,
+               world: int | None = None) -> str:
+    """The likely mistake when `actual` is `expected` times a constant other than 1, else ''.
+
+    The constant is the least-squares fit; the fit must hold within 10x the tolerance."""
+    denom = (expected * expected).sum().item()
+    if denom == 0:
+        return ""
+    factor = (actual * expected).sum().item() / denom
+    if (not math.isfinite(factor) or abs(factor - 1) < 1e-3
+            or not torch.allclose(actual, factor * expected, rtol=10 * rtol, atol=10 * atol)):
+        return ""
+    scale = Scale(factor, world)
+    hint = next((h for h in SCALE_HINTS if h.when(scale)), None)
+    if hint is None:
+        return ""
+    return hint.says if isinstance(hint.says, str) else hint.says(scale)
+
+
+# -- a rank's communication, expected against seen ---------------------------------------------
+
+
+@dataclass(eq=False)
+class Row:
+    """One line of a rank's communication table: the calls of one key, expected against seen.
+
+    For a key, op, group and phase are the key's (None: any). For calls that no key expected,
+    they are the calls' own (phase "none": outside forward and backward), `expected` is None
+    and `example` is the first of them.
+    """
+
+    op: str
+    group: Any
+    phase: str | None
+    expected: int | None
+    seen: int
+    example: CommEvent | None = None
+
+    @property
+    def wrong(self) -> bool:
+        return self.expected != self.seen
+
+    @property
+    def key(self) -> tuple[str, Any, str | None]:
+        return self.op, self.group, self.phase
+
+
+@dataclass
+class CommTable:
+    """One rank's communication: a row per expected key, in the order given, then a row per
+    (op, group, phase) of the calls no key expected. What every comm hint reads."""
+
+    rows: list[Row]
+    n_params: int | None = None   # the model's trainable tensors, when the check was told
+
+    @property
+    def wrong(self) -> bool:
+        return any(r.wrong for r in self.rows)
+
+    @property
+    def unexpected(self) -> list[Row]:
+        return [r for r in self.rows if r.expected is None]
+
+    @property
+    def unexpected_ops(self) -> set[str]:
+        return {r.op for r in self.unexpected}
+
+    @property
+    def expected_ops(self) -> set[str]:
+        """The ops some key expects at least once."""
+        return {r.op for r in self.rows if r.expected}
+
+    def unexpected_of(self, op: str) -> Row | None:
+        """The first row of calls nobody expected that issued `op`."""
+        return next((r for r in self.unexpected if r.op == op), None)
+
+
+def _nothing(row: Row, table: CommTable) -> Iterable[Row]:
+    return ()
+
+
+@dataclass(frozen=True)
+class CommHint:
+    """A likely mistake behind a wrong row: `says` (a message, or a function of row and table
+    that writes it) when `when(row, table)` holds. `accounts_for(row, table)`: the rows of calls
+    nobody expected that this mistake explains, so they get no line of their own."""
+
+    when: Callable[[Row, CommTable], bool]
+    says: str | Callable[[Row, CommTable], str]
+    accounts_for: Callable[[Row, CommTable], Iterable[Row]] = _nothing
+
+
+# -- the words the comm hints share ----------------------------------------------------------------
+
+P2P = ("send", "recv")
+
+_PHASE_WORDS = {"forward": "during forward", "backward": "during backward"}
+_PHASE_ADVICE = {"backward": "launch the gradient communication from gradient hooks during "
+                             "backward, so it overlaps the rest of backward, instead of after "
+                             "backward returns",
+                 "forward": "this communication belongs in the forward pass"}
+
+
+def where(group: Any, phase: str | None) -> str:
+    """' on the dp group in backward', or as much of it as is given."""
+    return (("" if group is None else f" on the {cell(group)} group")
+            + ("" if phase is None else f" in {phase}"))
+
+
+def _phase_words(phase: str | None) -> str:
+    return _PHASE_WORDS.get(phase, "outside forward and backward")
+
+
+def _phase_advice(phase: str | None) -> str:
+    return _PHASE_ADVICE.get(phase, "it should happen outside forward and backward (e.g. after "
+                                    "backward returns)")
+
+
+def _none_seen(row: Row) -> bool:
+    return row.expected is not None and row.seen == 0
+
+
+def _elsewhere(row: Row, table: CommTable) -> Row | None:
+    """For an expected op that was not seen: the first of its calls that went somewhere else."""
+    return table.unexpected_of(row.op) if _none_seen(row) else None
+
+
+def _the_call_elsewhere(row: Row, table: CommTable) -> list[Row]:
+    return [_elsewhere(row, table)]
+
+
+def _every_unexpected(row: Row, table: CommTable) -> list[Row]:
+    return table.unexpected
+
+
+def _to_another_group(row: Row, table: CommTable) -> bool:
+    other = _elsewhere(row, table)
+    return (other is not None and row.group is not None
+            and not matcher(None, row.group, None)(other.example))
+
+
+def _another_group_words(row: Row, table: CommTable) -> str:
+    ev = _elsewhere(row, table).example
+    everyone = ev.label is None and ev.group == tuple(range(len(ev.group)))
+    return (f"the {row.op} went to group {cell(ev.group_label)} instead of the "
+            f"{cell(row.group)} group: pass group=... to the collective"
+            + (" (without it, torch uses every rank)" if everyone else ""))
+
+
+def _instead(wanted: str, used: str) -> Callable[[Row, CommTable], bool]:
+    """`used` was issued where `wanted` belongs (and no `wanted` at all)."""
+    return lambda row, table: (_none_seen(row) and row.op == wanted
+                               and used in table.unexpected_ops)
+
+
+# -- the table -----------------------------------------------------------------------------------
+
+COMM_HINTS: list[CommHint] = [
+    CommHint(lambda row, t: (row.expected is not None and row.op == "all_reduce"
+                             and bool(t.n_params) and row.seen == t.n_params > row.expected),
+             lambda row, t: f"{row.seen} all-reduces = one per parameter tensor: flatten the "
+                            "gradients into one buffer (or bucket them) and all-reduce that"),
+
+    # the expected op was issued, but not where the key says: its first such call tells where.
+    # (In the same group and any phase, it would have matched the key: group or phase differs.)
+    CommHint(_to_another_group, _another_group_words, _the_call_elsewhere),
+    CommHint(lambda row, t: _elsewhere(row, t) is not None and row.phase is not None,
+             lambda row, t: f"the {row.op} was issued {_phase_words(_elsewhere(row, t).phase)}, "
+                            f"not {_phase_words(row.phase)}: {_phase_advice(row.phase)}",
+             _the_call_elsewhere),
+
+    # one collective where another belongs
+    CommHint(_instead("all_reduce", "all_gather"),
+             "an all_gather where an all_reduce belongs: partial results must be summed "
+             "(all_reduce), not concatenated", _every_unexpected),
+    CommHint(_instead("all_gather", "all_reduce"),
+             "an all_reduce where an all_gather belongs: the shards must be concatenated "
+             "(all_gather), not summed", _every_unexpected),
+    CommHint(_instead("reduce_scatter", "all_reduce"),
+             "a full all_reduce where a reduce_scatter is enough: each rank only needs its own "
+             "shard of the sum", _every_unexpected),
+    CommHint(lambda row, t: (_none_seen(row) and row.op in P2P
+                             and bool(t.unexpected_ops - set(P2P))),
+             lambda row, t: f"torch's {', '.join(sorted(t.unexpected_ops - set(P2P)))} was "
+                            "called, but this exercise builds the communication from "
+                            f"point-to-point messages: {P2P_ADVICE}",
+             _every_unexpected),
+
+    # the count of an expected op
+    CommHint(lambda row, t: _none_seen(row),
+             lambda row, t: f"no {row.op} was issued{where(row.group, row.phase)}: the step that "
+                            "should communicate is missing (or never reached on this rank)"),
+    CommHint(lambda row, t: bool(row.expected) and row.seen % row.expected == 0,
+             lambda row, t: f"{row.seen // row.expected}x the expected number of {row.op} calls"
+                            f"{where(row.group, row.phase)}: issued once per parameter or per "
+                            "micro-batch instead of once per step, or twice (in a hook and "
+                            "again after backward)?"),
+    CommHint(lambda row, t: row.expected is not None and row.seen > row.expected,
+             lambda row, t: f"{row.seen - row.expected} {row.op} call(s) more than needed"
+                            f"{where(row.group, row.phase)}"),
+    CommHint(lambda row, t: row.expected is not None,
+             lambda row, t: f"{row.expected - row.seen} {row.op} call(s) missing"
+                            f"{where(row.group, row.phase)}"),
+
+    # calls nobody expected
+    CommHint(lambda row, t: (row.op not in P2P and bool(t.expected_ops)
+                             and t.expected_ops <= set(P2P)),
+             lambda row, t: f"this exercise builds its communication from send/recv only, but "
+                            f"torch's {row.op} was called: {P2P_ADVICE}"),
+    CommHint(lambda row, t: True,
+             lambda row, t: f"{row.seen} unexpected {row.op} call(s) on group {cell(row.group)}: "
+                            "communication the algorithm does not need costs time; remove it"),
+]
+
+
+def likely_mistakes(table: CommTable, custom: Mapping[tuple, str] | None = None) -> list[str]:
+    """What most likely went wrong in a rank's table: for each wrong row, the exercise's own
+    words first, then the first entry of COMM_HINTS that applies. A row of calls nobody
+    expected gets no entry of its own when an earlier one accounted for it.
+
+    custom: {(op, group, phase): message}, an exercise's words for the row of that key and for
+    calls nobody expected that the key matches (shown even when accounted for).
+    """
+    custom = custom or {}
+    out: list[str] = []
+    accounted: set[Row] = set()
+    for row in table.rows:
+        if not row.wrong:
+            continue
+        if row.expected is not None:
+            out += [custom[row.key]] if row.key in custom else []
+        else:
+            out += [msg for key, msg in custom.items() if matcher(*key)(row.example)][:1]
+            if row in accounted:
+                continue
+        hint = next((h for h in COMM_HINTS if h.when(row, table)), None)
+        if hint is None:
+            continue
+        out.append(hint.says if isinstance(hint.says, str) else hint.says(row, table))
+        accounted.update(hint.accounts_for(row, table))
+    return list(dict.fromkeys(out))

@@ -1,0 +1,156 @@
+"""The library's references, switched off while the learner's own code is graded.
+
+An exercise that builds a piece the library also has (dl.tp.ColumnParallelLinear, dl.ProcessGrid)
+is graded with the library's version off, in the visible and the hidden tests alike:
+
+    with dl.check.references_off("dl.tp", "ProcessGrid"):                # in the notebook
+        ...
+    dl.launch(dl.check.with_references_off(my_fn, "dp"), world_size=4)  # in the ranks
+
+A switched-off function or class raises ReferenceSwitchedOff when called or when any attribute
+of it is read. It is off wherever the library binds it: on the module learners reach (dl.tp), in
+the module that defines it, and in every dpmp_lab module that imported it (the submodules of a
+split package, hybrid's DataParallel), so library code calling it by its global name meets the
+switch too. The grader's own modules, dl.check, keep their references. Every swap goes through
+integrity.swapped, the one change the tamper guard accepts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import sys
+import types
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import dpmp_lab
+from dpmp_lab import integrity
+
+# dl.tp's private collectives: a shortcut around the f and g its exercises build
+PRIVATE_COLLECTIVES = ("_all_reduce", "_all_gather", "_reduce_scatter")
+_GRADER = "dpmp_lab.check"   # its modules keep their references, whatever is switched off
+
+
+class ReferenceSwitchedOff(RuntimeError):
+    """The exercise is graded on the learner's code: the library's version is off."""
+
+
+@contextlib.contextmanager
+def references_off(*targets: str) -> Iterator[None]:
+    """While inside, the library's own versions of what an exercise builds raise a clear error.
+
+    targets: names under dpmp_lab, with or without "dl.": a module, "tp" (every public function
+    and class of dl.tp, and its private collectives), a name in one, "tp.copy_to_tp_region",
+    "dp.DataParallel", "ProcessGrid", or an attribute of a class, "GridLayout.groups". Use it
+    the same way in the visible and the hidden tests (in the notebook, or in the ranks through
+    `with_references_off`), and say so in the exercise.
+    """
+    stand_ins: dict[int, _SwitchedOff] = {}   # id(reference) -> its one stand-in
+    swaps: dict[tuple[int, str], tuple[Any, str, _SwitchedOff]] = {}
+    for target in targets:
+        for label, owner, name in _resolve(target):
+            reference = vars(owner)[name]
+            stand_in = stand_ins.setdefault(id(reference), _SwitchedOff(label))
+            for holder, as_name in _bindings(owner, name, reference):
+                swaps.setdefault((id(holder), as_name), (holder, as_name, stand_in))
+    with contextlib.ExitStack() as stack:
+        for holder, name, stand_in in swaps.values():
+            stack.enter_context(integrity.swapped(holder, name, stand_in))
+        yield
+
+
+def with_references_off(fn: Callable[..., Any], *targets: str) -> Callable[..., Any]:
+    """`fn`, run with `references_off(*targets)` around it: a function to launch on the ranks."""
+    def graded(*args: Any, **kwargs: Any) -> Any:
+        with references_off(*targets):
+            return fn(*args, **kwargs)
+    graded.__name__ = getattr(fn, "__name__", "graded")
+    return graded
+
+
+class _SwitchedOff:
+    """Stands in for a switched-off function or class: calling it, or reaching any attribute
+    of it (`ColumnParallelLinear.from_dense`), raises ReferenceSwitchedOff."""
+
+    def __init__(self, label: str) -> None:
+        object.__setattr__(self, "_label", label)
+
+    def _refuse(self) -> ReferenceSwitchedOff:
+        return ReferenceSwitchedOff(
+            f"{self._label} is switched off here: this exercise is graded on your own code, so "
+            "write it yourself (the library's version is there to compare with afterwards)")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise self._refuse()
+
+    def __getattr__(self, name: str) -> Any:
+        raise self._refuse()
+
+    def __repr__(self) -> str:
+        return f"<{self._label}: switched off>"
+
+
+# -- from a target to the places that hold it ------------------------------------------------------
+
+
+def _resolve(target: str) -> list[tuple[str, Any, str]]:
+    """(label, owner, name) for each reference `target` names; the label is how the learner
+    reaches it ("dl.tp.copy_to_tp_region")."""
+    path = target.removeprefix("dl.").removeprefix("dpmp_lab.")
+    parts = path.split(".")
+    if not all(p.isidentifier() for p in parts):
+        raise ValueError(f"references_off: {target!r} is not a name under dpmp_lab")
+    module, depth = _longest_module(parts)
+    if depth == len(parts):
+        return [(f"dl.{path}.{name}", owner, name) for owner, name in _public(module)]
+    owner: Any = module
+    for part in parts[depth:-1]:
+        owner = getattr(owner, part, None)
+    if parts[-1] not in getattr(owner, "__dict__", {}):
+        raise ValueError(f"references_off: dpmp_lab has no {target!r} to switch off")
+    return [(f"dl.{path}", owner, parts[-1])]
+
+
+def _longest_module(parts: list[str]) -> tuple[types.ModuleType, int]:
+    """The dpmp_lab module named by the longest prefix of `parts`, and that prefix's length
+    (dpmp_lab itself and 0 when no prefix names a module)."""
+    for depth in range(len(parts), 0, -1):
+        name = "dpmp_lab." + ".".join(parts[:depth])
+        try:
+            return importlib.import_module(name), depth
+        except ModuleNotFoundError as err:
+            if not (err.name and (name == err.name or name.startswith(err.name + "."))):
+                raise   # the module exists but failed to import: not ours to hide
+    return dpmp_lab, 0
+
+
+def _public(module: types.ModuleType) -> list[tuple[Any, str]]:
+    """A whole module's references: its public functions and classes (its __all__, or, for a
+    package without one, what it and its submodules define), and its private collectives."""
+    inside = [m for key, m in list(sys.modules.items())
+              if m is not None and key.startswith(module.__name__ + ".")]
+    names = getattr(module, "__all__", None)
+    if names is None:
+        names = [n for n, v in vars(module).items() if not n.startswith("_") and (
+            getattr(v, "__module__", None) in {module.__name__, *(m.__name__ for m in inside)})]
+    found = [(module, n) for n in names if callable(getattr(module, n))]
+    for m in (module, *inside):
+        found += [(m, n) for n in PRIVATE_COLLECTIVES if n in vars(m)]
+    return found
+
+
+def _bindings(owner: Any, name: str, reference: Any) -> list[tuple[Any, str]]:
+    """Every place library code reads `reference` from: `owner.name`, and for a function or
+    class held by a module, every dpmp_lab module that holds it, under any name."""
+    found = [(owner, name)]
+    if not isinstance(owner, types.ModuleType) or not isinstance(
+            reference, (types.FunctionType, type, _SwitchedOff)):
+        return found   # a class attribute, or a value a module may share by chance (a number)
+    for key, module in list(sys.modules.items()):
+        library = key == "dpmp_lab" or key.startswith("dpmp_lab.")
+        grader = key == _GRADER or key.startswith(_GRADER + ".")
+        if module is not None and library and not grader:
+            found += [(module, n) for n, v in list(vars(module).items())
+                      if v is reference and (module, n) != (owner, name)]
+    return found

@@ -1,0 +1,23 @@
+"""Data parallelism: every rank holds the whole model, trains on its own slice of the batch, and
+the ranks average their gradients so that every replica takes the same step.
+
+    model = DataParallel(TinyMLP(), bucket_mb=1.0, overlap=True)
+    loss_fn(model(x_shard), y_shard).backward()   # buckets are all-reduced while backward runs
+    model.finish_gradient_sync()                  # wait, divide by the group size, write p.grad
+    opt.step()
+
+Why averaging is enough: the loss of the full batch is the mean of the per-rank mean losses
+(when every rank has as many samples), so its gradient is the mean of the per-rank gradients.
+The mean is an all-reduce with SUM followed by a division by the group size (gloo's
+ReduceOp.AVG has a correctness bug, so we never use it).
+
+Two ways to hold the replicas, each in its module: dp.data_parallel's DataParallel (what
+torch's DistributedDataParallel does: bucketed all-reduces overlapping backward) and
+dp.zero's ShardedOptimizer (ZeRO stage 1: the optimizer state split over the ranks). Both
+start from dp.replicas: the group to average over and identical replicas.
+"""
+
+from dpmp_lab.dp.data_parallel import DataParallel
+from dpmp_lab.dp.zero import ShardedOptimizer
+
+__all__ = ["DataParallel", "ShardedOptimizer"]

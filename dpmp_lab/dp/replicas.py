@@ -1,0 +1,68 @@
+"""What every data-parallel scheme starts from: the process group to average over, and
+replicas that are identical on every rank of it.
+
+Replicas are made identical by broadcasting from the group's first rank; before that, one
+all_gather of a fingerprint refuses replicas of different shapes with a ValueError, where gloo
+would abort the process with a native message.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from dpmp_lab._helpers import group_ready
+
+
+def _resolve_group(group: Any, who: str) -> dist.ProcessGroup:
+    """The process group to average over (None: every rank), checked for this rank."""
+    if not group_ready():
+        raise RuntimeError(f"{who} needs a process group: run it inside the ranks of "
+                           "dl.launch(...) (or after dist.init_process_group)")
+    if group is None:
+        return dist.group.WORLD
+    if group is dist.GroupMember.NON_GROUP_MEMBER:
+        raise ValueError(f"rank {dist.get_rank()} is not a member of the group given to {who}: "
+                         "dist.new_group hands non-members a placeholder; give every rank the "
+                         "group it belongs to (e.g. grid.dp_group)")
+    if not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"group must be a torch.distributed ProcessGroup or None, "
+                        f"not {type(group).__name__}")
+    return group
+
+
+def _first_rank(group: dist.ProcessGroup) -> int:
+    """The GLOBAL rank of the group's rank 0: broadcast takes global ranks as src."""
+    return dist.get_process_group_ranks(group)[0]
+
+
+def _check_same_everywhere(tensors: list[torch.Tensor], group: dist.ProcessGroup,
+                           what: str) -> None:
+    """Refuse replicas whose tensors differ in number, shape, dtype or requires_grad.
+
+    Without this, the first collective over buffers of different sizes makes gloo abort the
+    process with a native message. One all_gather of a fixed-size fingerprint costs nothing.
+    """
+    layout = ";".join(f"{tuple(t.shape)}/{t.dtype}/{t.requires_grad}" for t in tensors)
+    mine = torch.tensor([len(tensors), sum(t.numel() for t in tensors),
+                         zlib.crc32(layout.encode())], dtype=torch.int64,
+                        device=tensors[0].device)
+    size = dist.get_world_size(group)
+    everyone = torch.empty(size * mine.numel(), dtype=torch.int64, device=mine.device)
+    dist.all_gather_single(everyone, mine, group=group)
+    rows = everyone.view(size, -1).tolist()
+    ranks = dist.get_process_group_ranks(group)
+    odd = [(ranks[i], row) for i, row in enumerate(rows) if row != rows[0]]
+    if odd:
+        seen = "; ".join(f"rank {r} has {row[0]} tensors with {row[1]} elements"
+                         + (" but other shapes, dtypes or requires_grad" if row[:2] == rows[0][:2]
+                            else "") for r, row in odd)
+        raise ValueError(
+            f"the ranks hold different {what}: rank {ranks[0]} has {rows[0][0]} tensors with "
+            f"{rows[0][1]} elements; {seen}. Data parallelism needs the same model on every "
+            "rank of the group: build it with the same shapes, dtypes and requires_grad "
+            "everywhere (only the values may differ).")
+

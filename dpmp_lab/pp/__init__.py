@@ -1,0 +1,46 @@
+"""Pipeline parallelism: cut a model into stages, stream micro-batches through them.
+
+    stages = pp.split_pieces(model.pieces(), n_stages=4)      # [embed, blocks..., head] cut in 4
+    print(pp.one_f_one_b(4, 8))                               # who does what when, and the bubble
+    stage = pp.PipelineStage(stages[grid.pp_rank], grid.pp_group, activation_shape=(2, 16, 32))
+    result = pp.run_schedule("1f1b", stage, idx, targets, n_microbatches=4, loss_fn=lm_loss)
+
+Each pipeline stage (a rank) holds a run of consecutive layers and talks only to its two
+neighbours: it receives activations from the previous stage and sends its own to the next
+(forward), and the activation gradients go the other way (backward). A batch that went
+through the stages in one piece would keep all but one stage idle, so the batch is cut into
+m micro-batches: while stage 1 works on micro-batch 0, stage 0 already works on micro-batch 1.
+
+A *schedule* says, for every stage, in which order it runs the forward (F) and backward (B)
+of each micro-batch:
+- naive: one micro-batch at a time through the whole pipeline; one stage busy at any moment.
+- GPipe (all forward, then all backward, "AFAB"): the pipeline fills, drains, fills again.
+- 1F1B: after a warm-up of p - stage - 1 forwards each stage alternates one forward and one
+  backward, so it frees a micro-batch's activations as soon as it can: a stage holds at most
+  p - stage micro-batches of activations instead of GPipe's m, for the same bubble.
+The *bubble* is the time stages sit idle while the pipeline fills and drains. With equal
+stages it is (p - 1) / (m + p - 1) of the step for GPipe and 1F1B alike: more micro-batches,
+smaller bubble.
+
+Two modules: pp.schedules, the plans (plain data, simulated on a time grid, no process group
+needed), and pp.runner, which cuts a model into stages and runs a plan on real ranks.
+"""
+
+from dpmp_lab.pp.runner import PipelineResult, PipelineStage, run_schedule, split_pieces
+from dpmp_lab.pp.schedules import (
+    SCHEDULES,
+    Action,
+    Bubble,
+    Schedule,
+    Span,
+    bubble_fraction,
+    gpipe,
+    make_schedule,
+    measured_bubble,
+    naive,
+    one_f_one_b,
+)
+
+__all__ = ["Action", "Bubble", "PipelineResult", "PipelineStage", "SCHEDULES", "Schedule",
+           "Span", "bubble_fraction", "gpipe", "make_schedule", "measured_bubble", "naive",
+           "one_f_one_b", "run_schedule", "split_pieces"]

@@ -1,0 +1,255 @@
+"""Running a pipeline schedule on real ranks: cut the model into stages, one per rank, and let
+each stage run its part of the schedule, talking to its two neighbours.
+
+    stage = pp.PipelineStage(stages[grid.pp_rank], grid.pp_group, activation_shape=(2, 16, 32))
+    result = pp.run_schedule("1f1b", stage, idx, targets, n_microbatches=4, loss_fn=lm_loss)
+
+run_schedule sends with isend and receives with blocking recv: in 1F1B's steady state two
+neighbours both want to send first (one an activation, the other a gradient), and with two
+blocking sends they would wait for each other forever.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from dpmp_lab._helpers import group_ready, whole_number
+from dpmp_lab.pp.schedules import Schedule, Span, make_schedule
+from dpmp_lab.worker import device as rank_device
+
+# -- splitting a model into stages ------------------------------------------------------------
+
+
+def split_pieces(pieces: Sequence[nn.Module], n_stages: int,
+                 boundaries: Sequence[int] | None = None) -> list[nn.Sequential]:
+    """Cut a list of consecutive pieces into n_stages runs, one nn.Sequential per stage.
+
+    Without boundaries the cut is balanced by count (the first stages take one more piece when
+    it does not divide). boundaries=[b1, ...] gives the index of the first piece of stage 1, 2,
+    ...: for TinyGPT's [embed, block0, block1, head], boundaries=[2] gives [embed, block0] and
+    [block1, head]. The stages share the pieces' parameters (nothing is copied), so gradients
+    land in the original model.
+    """
+    pieces = list(pieces)
+    whole_number("n_stages", n_stages, what="a pipeline needs at least 1 stage")
+    for i, piece in enumerate(pieces):
+        if not isinstance(piece, nn.Module):
+            raise TypeError(f"piece {i} is a {type(piece).__name__}, not an nn.Module")
+    if len(pieces) < n_stages:
+        raise ValueError(f"{len(pieces)} pieces cannot fill {n_stages} pipeline stages: every "
+                         "stage needs at least one piece (use fewer stages or a deeper model)")
+    if boundaries is None:
+        base, extra = divmod(len(pieces), n_stages)
+        sizes = [base + (1 if s < extra else 0) for s in range(n_stages)]
+        cuts = [sum(sizes[:s]) for s in range(1, n_stages)]
+    else:
+        cuts = [int(b) for b in boundaries]
+        if len(cuts) != n_stages - 1:
+            raise ValueError(f"{n_stages} stages need {n_stages - 1} boundaries (where stages "
+                             f"1..{n_stages - 1} start), got {len(cuts)}: {list(boundaries)}")
+        edges = [0, *cuts, len(pieces)]
+        if any(a >= b for a, b in zip(edges[:-1], edges[1:], strict=True)):
+            raise ValueError(f"boundaries {cuts} must rise strictly between 0 and "
+                             f"{len(pieces)} (exclusive), so that every stage gets a piece")
+    edges = [0, *cuts, len(pieces)]
+    return [nn.Sequential(*pieces[a:b]) for a, b in zip(edges[:-1], edges[1:], strict=True)]
+
+
+# -- running a schedule on real ranks ---------------------------------------------------------
+
+
+class PipelineStage:
+    """This rank's piece of the pipeline: its layers, its place, and its two neighbours.
+
+    `pp_group`: the ranks of this pipeline in stage order (ProcessGrid's pp_group; None = the
+    whole world). `activation_shape`: the shape of one micro-batch's activation passed between
+    stages, e.g. (micro_batch, seq_len, d_model). As in Megatron and picotron every boundary
+    carries that one shape, so a receiver can allocate its buffer without asking first.
+    """
+
+    def __init__(self, module: nn.Module, pp_group: dist.ProcessGroup | None = None, *,
+                 activation_shape: Sequence[int], dtype: torch.dtype | None = None,
+                 device: torch.device | str | None = None):
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"the stage's module must be an nn.Module, not "
+                            f"{type(module).__name__}")
+        if not group_ready():
+            raise RuntimeError("a PipelineStage talks to other ranks, so it must be built "
+                               "inside a rank (a function started by dl.launch)")
+        shape = tuple(activation_shape)
+        if not shape or not all(isinstance(d, int) and d >= 1 for d in shape):
+            raise ValueError(f"activation_shape must be positive ints, e.g. (2, 16, 32), not "
+                             f"{activation_shape!r}")
+        params = [p for p in module.parameters() if p.is_floating_point()]
+        self.module = module
+        self.group = pp_group if pp_group is not None else dist.group.WORLD
+        self.ranks: list[int] = dist.get_process_group_ranks(self.group)
+        if dist.get_rank() not in self.ranks:
+            raise ValueError(f"rank {dist.get_rank()} is not in the pipeline group "
+                             f"{self.ranks}")
+        self.index = self.ranks.index(dist.get_rank())
+        self.n_stages = len(self.ranks)
+        self.prev_rank = self.ranks[self.index - 1] if self.index > 0 else None
+        self.next_rank = self.ranks[self.index + 1] if self.index < self.n_stages - 1 else None
+        self.activation_shape = shape
+        self.dtype = dtype or (params[0].dtype if params else torch.get_default_dtype())
+        self.device = torch.device(device) if device is not None else (
+            params[0].device if params else rank_device())
+
+    is_first = property(lambda self: self.prev_rank is None)
+    is_last = property(lambda self: self.next_rank is None)
+
+    def recv_activation(self, microbatch: int) -> torch.Tensor:
+        """The previous stage's output for this micro-batch, as a leaf that collects its grad."""
+        buf = self._empty()
+        dist.recv(buf, src=self.prev_rank, group=self.group, tag=microbatch)
+        return buf.requires_grad_()
+
+    def recv_grad(self, microbatch: int) -> torch.Tensor:
+        """d loss / d (this stage's output) for this micro-batch, from the next stage."""
+        buf = self._empty()
+        dist.recv(buf, src=self.next_rank, group=self.group, tag=microbatch)
+        return buf
+
+    def send_activation(self, out: torch.Tensor, microbatch: int) -> _Pending:
+        if tuple(out.shape) != self.activation_shape or out.dtype != self.dtype:
+            raise ValueError(f"stage {self.index} produced an activation of shape "
+                             f"{tuple(out.shape)} ({out.dtype}), but the stages agreed on "
+                             f"activation_shape={self.activation_shape} ({self.dtype}); fix "
+                             "activation_shape (micro-batch size = batch / n_microbatches)")
+        return self._isend(out, self.next_rank, microbatch)
+
+    def send_grad(self, grad: torch.Tensor, microbatch: int) -> _Pending:
+        return self._isend(grad, self.prev_rank, microbatch)
+
+    def _empty(self) -> torch.Tensor:
+        return torch.empty(self.activation_shape, dtype=self.dtype, device=self.device)
+
+    def _isend(self, tensor: torch.Tensor, dst: int, microbatch: int) -> _Pending:
+        payload = tensor.detach().contiguous()
+        return _Pending(dist.isend(payload, dst=dst, group=self.group, tag=microbatch), payload)
+
+    def __repr__(self) -> str:
+        return (f"PipelineStage({self.index} of {self.n_stages}, ranks {self.ranks}, "
+                f"activation {self.activation_shape})")
+
+
+class _Pending(NamedTuple):
+    """An isend in flight: wait() before reusing or dropping what was sent."""
+
+    work: Any
+    tensor: torch.Tensor   # kept alive until the send completes
+
+    def wait(self) -> None:
+        self.work.wait()
+
+
+@dataclass
+class PipelineResult:
+    """What one stage did in one pipeline step."""
+
+    stage: int
+    n_stages: int
+    rank: int
+    schedule: str
+    losses: list[float] = field(default_factory=list)   # per micro-batch; last stage only
+    spans: list[Span] = field(default_factory=list)      # compute time of each action (s)
+    peak_in_flight: int = 0    # most micro-batches whose activations were held at once
+
+    @property
+    def loss(self) -> float | None:
+        """The mean micro-batch loss = the full-batch loss (last stage; None elsewhere)."""
+        return sum(self.losses) / len(self.losses) if self.losses else None
+
+
+def run_schedule(schedule: Schedule | str, stage: PipelineStage,
+                 inputs: torch.Tensor | None = None, targets: torch.Tensor | None = None, *,
+                 n_microbatches: int | None = None,
+                 loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+                 after_last_backward: Callable[[], None] | None = None) -> PipelineResult:
+    """Run this rank's part of one pipeline step (forward and backward of every micro-batch).
+
+    Call it on every rank of the pipeline with the same schedule. `inputs` (the whole batch)
+    is needed on the first stage and `targets` with `loss_fn(output, targets)` on the last;
+    other stages ignore them. Both are cut into m equal micro-batches along dim 0. The last
+    stage scales each micro-batch loss by 1/m, so the gradients that accumulate in the stage's
+    parameters (add to .grad, as loss.backward() does: zero them before) equal those of the
+    full-batch mean loss.
+
+    `after_last_backward()` runs right after this stage's last backward: the place for a
+    data-parallel gradient all-reduce in DP x PP, which must wait for the gradients of every
+    micro-batch (syncing per micro-batch would send m times the data for nothing).
+    """
+    if not isinstance(stage, PipelineStage):
+        raise TypeError(f"stage must be a PipelineStage, not {type(stage).__name__}")
+    if isinstance(schedule, str):
+        if n_microbatches is None:
+            raise ValueError(f"a schedule given by name ({schedule!r}) needs n_microbatches")
+        schedule = make_schedule(schedule, stage.n_stages, n_microbatches)
+    elif not isinstance(schedule, Schedule):
+        raise TypeError(f"schedule must be a Schedule or a name, not {type(schedule).__name__}")
+    m = schedule.n_microbatches
+    if n_microbatches is not None and n_microbatches != m:
+        raise ValueError(f"n_microbatches={n_microbatches}, but the schedule has {m}")
+    if schedule.n_stages != stage.n_stages:
+        raise ValueError(f"the schedule has {schedule.n_stages} stages but the pipeline group "
+                         f"has {stage.n_stages} ranks {stage.ranks}")
+    # checked wherever given (not only where used), so that ranks passing the same batch all
+    # refuse it together instead of leaving their neighbours waiting
+    xs = _microbatches(inputs, m, "inputs") if inputs is not None else None
+    ys = _microbatches(targets, m, "targets") if targets is not None else None
+    if stage.is_first and xs is None:
+        raise ValueError("the first stage needs the batch: pass inputs")
+    if stage.is_last and (ys is None or loss_fn is None):
+        raise ValueError("the last stage computes the loss: pass targets and loss_fn")
+
+    result = PipelineResult(stage.index, stage.n_stages, dist.get_rank(), schedule.name)
+    held: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}   # mb -> (stage input, output)
+    pending: list[_Pending] = []
+    for action in schedule.actions[stage.index]:
+        j = action.microbatch
+        if action.kind == "F":
+            x = xs[j] if stage.is_first else stage.recv_activation(j)
+            start = time.perf_counter()
+            out = stage.module(x)
+            if stage.is_last:
+                loss = loss_fn(out, ys[j])
+                result.losses.append(loss.item())
+                out = loss / m
+            else:
+                pending.append(stage.send_activation(out, j))
+            held[j] = (x, out)
+            result.peak_in_flight = max(result.peak_in_flight, len(held))
+        else:
+            grad = None if stage.is_last else stage.recv_grad(j)
+            start = time.perf_counter()
+            x, out = held.pop(j)
+            torch.autograd.backward(out, grad)
+            if not stage.is_first:
+                pending.append(stage.send_grad(x.grad, j))
+        result.spans.append(Span(action.kind, j, start, time.perf_counter()))
+        pending = [p for p in pending if not p.work.is_completed()]
+    if after_last_backward is not None:
+        after_last_backward()
+    for p in pending:
+        p.work.wait()
+    return result
+
+
+def _microbatches(batch: torch.Tensor, m: int, name: str) -> list[torch.Tensor]:
+    if not isinstance(batch, torch.Tensor):
+        raise TypeError(f"{name} must be a tensor, not {type(batch).__name__}")
+    if batch.dim() == 0 or batch.shape[0] % m:
+        rows = batch.shape[0] if batch.dim() else 0
+        raise ValueError(f"{name} has {rows} rows, which do not split into {m} equal "
+                         "micro-batches: the mean of micro-batch losses would not be the "
+                         f"full-batch loss (use a batch divisible by {m})")
+    return list(batch.chunk(m))
+

@@ -1,0 +1,81 @@
+"""The launcher's vocabulary: the states a rank goes through, how a launch ends, the pipes
+between a rank and the launcher, and the messages a rank sends on one of them.
+
+Messages are frozen dataclasses built and read by field name (`match` with keyword patterns),
+so a field added to one never shifts the others, as it did when they were tuples read by index.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+
+class Vocabulary(str, Enum):
+    """A fixed word: an enum member that compares, hashes and prints as its string value
+    (what `enum.StrEnum` does from Python 3.11; this package still supports 3.10)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class RankState(Vocabulary):
+    """Where one rank is, as the launcher sees it (and the progress row shows it)."""
+
+    STARTING = "starting"  # its process is starting
+    RUNNING = "running"    # it said Started: loading fn, joining the group, running fn
+    RETURNED = "returned"  # it sent fn's value; it waits for the launcher's release to exit
+    FAILED = "failed"      # it raised, died, or its process-group timeout fired
+    STOPPED = "stopped"    # the launcher killed it because another rank failed or hung
+
+
+class Outcome(Vocabulary):
+    """How the launcher's watch over the ranks ended."""
+
+    ALL_RETURNED = "all returned"
+    FAILED = "failed"          # at least one rank failed
+    TIMED_OUT = "timed out"    # the launch's own timeout passed first
+
+
+class Pipe(Vocabulary):
+    """A rank's pipes to the launcher, and what the launcher's selector waits on."""
+
+    OUT = "out"    # the rank's file descriptor 1: printed live as "[rank r] ..."
+    ERR = "err"    # its file descriptor 2, so native messages (gloo, NCCL) are kept too
+    MSG = "msg"    # its messages, below
+    DUMP = "dump"  # where faulthandler writes every thread's stack when asked (SIGUSR1)
+    RELEASE = "release"  # the launcher's "every rank returned": only then is a group torn down
+    EXIT = "exit"  # not a pipe: the process's sentinel, readable once it ended
+
+
+# -- what a rank tells the launcher, in the order it can happen --------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Started:
+    """The rank process is set up and about to load fn."""
+
+    pid: int
+    main_thread: int  # the thread to look for in a faulthandler dump of this rank
+
+
+@dataclass(frozen=True, kw_only=True)
+class Returned:
+    """fn returned; `trace` is the rank's dl.Trace when the launch traces, else None."""
+
+    value: Any
+    trace: Any
+
+
+@dataclass(frozen=True, kw_only=True)
+class Raised:
+    """fn (or loading it, or joining the group) raised."""
+
+    exc_type: str        # "ValueError", "torch.distributed.DistBackendError", ...
+    message: str
+    traceback: str       # without the launcher's frames
+    exitcode: int | None  # SystemExit's code, else None
+
+
+Message = Started | Returned | Raised

@@ -1,0 +1,253 @@
+"""Sharded layers: each rank holds its slice of a dense layer's weight.
+
+    fc1 = tp.ColumnParallelLinear.from_dense(dense.fc1, group)   # this rank's rows of A
+    fc2 = tp.RowParallelLinear.from_dense(dense.fc2, group)      # this rank's columns of A
+
+A ColumnParallelLinear followed by a RowParallelLinear communicates once per direction (the
+pair Megatron builds its MLP and attention from); VocabParallelEmbedding splits an embedding
+table by vocabulary rows. Built from scratch, a layer draws the whole dense weight from
+torch's RNG and keeps its shard; `from_dense` keeps the shard of an existing module.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from dpmp_lab.tp.mappings import (
+    _check_divisible,
+    _check_group,
+    _check_ids,
+    _check_tensor,
+    _tp_size,
+    copy_to_tp_region,
+    gather_from_tp_region,
+    reduce_from_tp_region,
+    scatter_to_tp_region,
+    shard,
+)
+
+
+class _HoldsGroup(nn.Module):
+    """A module that keeps its tp group in `self.group`. A copy (copy.deepcopy) shares the
+    group: a process group is a connection to the other ranks, not data to duplicate."""
+
+    group: dist.ProcessGroup
+
+    def __deepcopy__(self, memo: dict) -> nn.Module:
+        memo[id(self.group)] = self.group
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        new.__setstate__(copy.deepcopy(self.__dict__, memo))
+        return new
+
+
+class _Sharded(_HoldsGroup):
+    """A layer holding this rank's shard of a dense module's parameters.
+
+    `split_dims` names the parameters that are split, and along which dim; every other
+    parameter is replicated on all ranks of the group.
+    """
+
+    split_dims: dict[str, int] = {}
+
+    def load_dense(self, dense: nn.Module) -> None:
+        """Copy this rank's shard of every parameter of `dense` (same names) into this layer."""
+        with torch.no_grad():
+            for name, param in self.named_parameters(recurse=False):
+                full = getattr(dense, name)
+                dim = self.split_dims.get(name)
+                piece = full if dim is None else shard(full, self.group, dim)
+                if piece.shape != param.shape:
+                    raise ValueError(f"{type(self).__name__}: the dense {name} of shape "
+                                     f"{tuple(full.shape)} does not fit this layer's "
+                                     f"{tuple(param.shape)}")
+                param.copy_(piece)
+
+    def _materialise(self, dense: nn.Module) -> None:
+        """Turn a layer built on the meta device (no init, no RNG drawn) into dense's shard."""
+        self.to_empty(device=next(dense.parameters()).device)
+        self.load_dense(dense)
+
+
+def _check_type(module: object, expected: type, cls: type) -> None:
+    if not isinstance(module, expected):
+        where = "nn" if expected.__module__.startswith("torch.nn") else expected.__module__
+        raise TypeError(f"{cls.__name__}.from_dense needs a {where}.{expected.__name__}, not "
+                        f"{type(module).__name__}")
+
+
+def _check_features(x: torch.Tensor, expected: int, who: str, hint: str = "") -> None:
+    if x.dim() == 0 or x.shape[-1] != expected:
+        raise ValueError(f"{who} expects inputs whose last dim is {expected}, got shape "
+                         f"{tuple(x.shape)}{hint}")
+
+
+class ColumnParallelLinear(_Sharded):
+    """y = x A^T + b with A split by rows (output features): rank r computes its slice of y.
+
+    Weight shard (out_features/tp, in_features), bias shard (out_features/tp,).
+    Forward:  copy_to_tp_region (nothing), local matmul; with gather_output, 1 all_gather.
+    Backward: 1 all_reduce of the input gradient (copy_to); gather's backward sends nothing.
+    Without gather_output the output stays sliced: the input a RowParallelLinear expects.
+    """
+
+    split_dims = {"weight": 0, "bias": 0}
+
+    def __init__(self, in_features: int, out_features: int, group: dist.ProcessGroup,
+                 bias: bool = True, gather_output: bool = False, *,
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None):
+        super().__init__()
+        self.group = _check_group(group)
+        local_out = _check_divisible(out_features, _tp_size(group), "out_features")
+        self.in_features, self.out_features = in_features, out_features
+        self.gather_output = gather_output
+        self.weight = nn.Parameter(torch.empty(local_out, in_features, device=device,
+                                               dtype=dtype))
+        self.bias = nn.Parameter(torch.empty(local_out, device=device, dtype=dtype)) \
+            if bias else None
+        if self.weight.device.type != "meta":
+            self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Draw the dense nn.Linear from torch's RNG and keep this rank's rows."""
+        self.load_dense(nn.Linear(self.in_features, self.out_features, self.bias is not None,
+                                  device=self.weight.device, dtype=self.weight.dtype))
+
+    @classmethod
+    def from_dense(cls, dense: nn.Linear, group: dist.ProcessGroup,
+                   gather_output: bool = False) -> ColumnParallelLinear:
+        """This rank's rows of `dense` (an nn.Linear), as a ColumnParallelLinear."""
+        _check_type(dense, nn.Linear, cls)
+        layer = cls(dense.in_features, dense.out_features, group, dense.bias is not None,
+                    gather_output, device="meta", dtype=dense.weight.dtype)
+        layer._materialise(dense)
+        return layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _check_features(_check_tensor(x, "x"), self.in_features, "ColumnParallelLinear")
+        y = F.linear(copy_to_tp_region(x, self.group), self.weight, self.bias)
+        return gather_from_tp_region(y, self.group) if self.gather_output else y
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features} (this rank: "
+                f"{self.weight.shape[0]}), bias={self.bias is not None}, "
+                f"gather_output={self.gather_output}")
+
+
+class RowParallelLinear(_Sharded):
+    """y = x A^T + b with A split by columns (input features): rank r multiplies its slice of x
+    by its columns, giving a partial sum of the whole y.
+
+    Weight shard (out_features, in_features/tp); the bias is NOT split: it is added once, after
+    the partial sums are reduced, and is replicated (same value and gradient on every rank).
+    Forward:  [scatter_to_tp_region (nothing) unless input_is_parallel], local matmul,
+              1 all_reduce (reduce_from), + bias.
+    Backward: nothing with input_is_parallel; else 1 all_gather of the input gradient.
+    """
+
+    split_dims = {"weight": 1}
+
+    def __init__(self, in_features: int, out_features: int, group: dist.ProcessGroup,
+                 bias: bool = True, input_is_parallel: bool = True, *,
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None):
+        super().__init__()
+        self.group = _check_group(group)
+        self.local_in = _check_divisible(in_features, _tp_size(group), "in_features")
+        self.in_features, self.out_features = in_features, out_features
+        self.input_is_parallel = input_is_parallel
+        self.weight = nn.Parameter(torch.empty(out_features, self.local_in, device=device,
+                                               dtype=dtype))
+        self.bias = nn.Parameter(torch.empty(out_features, device=device, dtype=dtype)) \
+            if bias else None
+        if self.weight.device.type != "meta":
+            self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Draw the dense nn.Linear from torch's RNG and keep this rank's columns."""
+        self.load_dense(nn.Linear(self.in_features, self.out_features, self.bias is not None,
+                                  device=self.weight.device, dtype=self.weight.dtype))
+
+    @classmethod
+    def from_dense(cls, dense: nn.Linear, group: dist.ProcessGroup,
+                   input_is_parallel: bool = True) -> RowParallelLinear:
+        """This rank's columns of `dense` (an nn.Linear), as a RowParallelLinear."""
+        _check_type(dense, nn.Linear, cls)
+        layer = cls(dense.in_features, dense.out_features, group, dense.bias is not None,
+                    input_is_parallel, device="meta", dtype=dense.weight.dtype)
+        layer._materialise(dense)
+        return layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = _check_tensor(x, "x")
+        if not self.input_is_parallel:
+            _check_features(x, self.in_features, "RowParallelLinear(input_is_parallel=False)")
+            x = scatter_to_tp_region(x, self.group)
+        _check_features(x, self.local_in, "RowParallelLinear",
+                        f": this rank's slice of the {self.in_features} input features (pass "
+                        "input_is_parallel=False to give it the whole input)")
+        y = reduce_from_tp_region(F.linear(x, self.weight), self.group)
+        return y + self.bias if self.bias is not None else y
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features} (this rank: {self.local_in}), "
+                f"out_features={self.out_features}, bias={self.bias is not None}, "
+                f"input_is_parallel={self.input_is_parallel}")
+
+
+class VocabParallelEmbedding(_Sharded):
+    """An embedding table split by vocabulary rows: rank r owns token ids
+    [r * V/tp, (r + 1) * V/tp). Each rank looks up the ids it owns, writes zeros for the others,
+    and the all-reduce fills in every row from the rank that owns it.
+
+    Forward:  1 all_reduce (reduce_from) of the (..., dim) output.
+    Backward: nothing; a rank's gradient reaches only the rows it owns.
+    """
+
+    split_dims = {"weight": 0}
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, group: dist.ProcessGroup, *,
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None):
+        super().__init__()
+        self.group = _check_group(group)
+        self.per_rank = _check_divisible(num_embeddings, _tp_size(group), "num_embeddings")
+        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        self.start = dist.get_rank(group) * self.per_rank
+        self.weight = nn.Parameter(torch.empty(self.per_rank, embedding_dim, device=device,
+                                               dtype=dtype))
+        if self.weight.device.type != "meta":
+            self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Draw the dense nn.Embedding from torch's RNG and keep this rank's rows."""
+        self.load_dense(nn.Embedding(self.num_embeddings, self.embedding_dim,
+                                     device=self.weight.device, dtype=self.weight.dtype))
+
+    @classmethod
+    def from_dense(cls, dense: nn.Embedding, group: dist.ProcessGroup) -> VocabParallelEmbedding:
+        """This rank's vocabulary rows of `dense` (a plain nn.Embedding)."""
+        _check_type(dense, nn.Embedding, cls)
+        if dense.padding_idx is not None or dense.max_norm is not None:
+            raise ValueError("VocabParallelEmbedding.from_dense supports a plain nn.Embedding "
+                             "(no padding_idx, no max_norm)")
+        layer = cls(dense.num_embeddings, dense.embedding_dim, group, device="meta",
+                    dtype=dense.weight.dtype)
+        layer._materialise(dense)
+        return layer
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        _check_ids(_check_tensor(ids, "token ids"), self.num_embeddings, "token ids")
+        local = ids - self.start
+        elsewhere = (local < 0) | (local >= self.per_rank)
+        rows = F.embedding(local.masked_fill(elsewhere, 0), self.weight)
+        rows = rows.masked_fill(elsewhere.unsqueeze(-1), 0.0)
+        return reduce_from_tp_region(rows, self.group)
+
+    def extra_repr(self) -> str:
+        return (f"{self.num_embeddings}, {self.embedding_dim} (this rank: ids {self.start}.."
+                f"{self.start + self.per_rank - 1})")
+

@@ -1,0 +1,235 @@
+"""Where tensor parallelism communicates: Megatron's region ops (its mappings.py), and shard().
+
+    y = reduce_from_tp_region(partial_y, group)    # g: all-reduce forward, identity backward
+    x = copy_to_tp_region(x, group)                # f: identity forward, all-reduce backward
+
+Every op is a tiny autograd function whose forward and backward are each either nothing or
+one collective over the tp group; the layers in tp.layers never call torch.distributed
+themselves. The checks here (a real tp group, a size that splits evenly) are shared by every
+tp module.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+# -- the tp group and splitting along a dim --------------------------------------------------------
+
+
+def _check_group(group: object) -> dist.ProcessGroup:
+    if not isinstance(group, dist.ProcessGroup):
+        raise TypeError("group must be the tensor-parallel torch.distributed ProcessGroup (e.g. "
+                        f"dl.ProcessGrid(tp=...).tp_group or dist.group.WORLD), not "
+                        f"{type(group).__name__}")
+    if dist.get_rank(group) < 0:
+        raise ValueError(f"rank {dist.get_rank()} is not a member of the tp group "
+                         f"{dist.get_process_group_ranks(group)} it was given")
+    return group
+
+
+def _tp_size(group: dist.ProcessGroup) -> int:
+    return dist.get_world_size(_check_group(group))
+
+
+def _check_tensor(x: object, what: str) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{what} must be a torch.Tensor, not {type(x).__name__}")
+    return x
+
+
+def _normalise_dim(x: torch.Tensor, dim: int) -> int:
+    if not -x.dim() <= dim < x.dim():
+        raise ValueError(f"dim={dim} is out of range for a tensor of shape {tuple(x.shape)}")
+    return dim % x.dim()
+
+
+def _check_divisible(size: int, tp: int, what: str) -> int:
+    if size % tp:
+        raise ValueError(f"{what} = {size} does not split evenly over {tp} tensor-parallel "
+                         f"ranks ({size} % {tp} = {size % tp}): choose a size divisible by {tp}")
+    return size // tp
+
+
+def _check_ids(ids: torch.Tensor, vocab: int, what: str) -> None:
+    if ids.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"{what} must be an integer tensor (torch.long), not {ids.dtype}")
+    # every rank checks the same ids, so all raise together and nobody waits in a collective
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
+        raise ValueError(f"{what} must lie in [0, {vocab}), got values from {int(ids.min())} "
+                         f"to {int(ids.max())}")
+
+
+def shard(tensor: torch.Tensor, group: dist.ProcessGroup, dim: int) -> torch.Tensor:
+    """This rank's contiguous slice of `tensor` along `dim` (rank r of the group gets slice r).
+
+    What from_dense keeps of a dense weight, and what a test compares a shard's gradient with.
+    """
+    tensor = _check_tensor(tensor, "tensor")
+    tp, dim = _tp_size(group), _normalise_dim(tensor, dim)
+    size = _check_divisible(tensor.shape[dim], tp, f"size of dim {dim}")
+    return tensor.narrow(dim, dist.get_rank(group) * size, size).contiguous()
+
+
+# -- the communication itself (no autograd here) ---------------------------------------------------
+
+
+def _all_reduce(x: torch.Tensor, group: dist.ProcessGroup,
+                op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> torch.Tensor:
+    # a contiguous copy: gloo needs contiguous memory, and a gradient handed to backward may
+    # be shared with other nodes or be an expanded view (x.sum().backward() gives one)
+    out = x.clone(memory_format=torch.contiguous_format)
+    dist.all_reduce(out, op=op, group=group)
+    return out
+
+
+def _all_gather(x: torch.Tensor, group: dist.ProcessGroup, dim: int) -> torch.Tensor:
+    # all_gather_into_tensor concatenates along dim 0, so bring `dim` to the front and back
+    front = x.movedim(dim, 0).contiguous()
+    out = front.new_empty((_tp_size(group) * front.shape[0], *front.shape[1:]))
+    dist.all_gather_single(out, front, group=group)
+    return out.movedim(0, dim).contiguous()
+
+
+def _reduce_scatter(x: torch.Tensor, group: dist.ProcessGroup, dim: int) -> torch.Tensor:
+    front = x.movedim(dim, 0).contiguous()
+    size = _check_divisible(front.shape[0], _tp_size(group), f"size of dim {dim}")
+    out = front.new_empty((size, *front.shape[1:]))
+    dist.reduce_scatter_single(out, front, group=group)
+    return out.movedim(0, dim).contiguous()
+
+
+# -- the region ops: Megatron's f and g and their relatives ----------------------------------------
+
+
+class _CopyToTPRegion(torch.autograd.Function):
+    """f: identity forward; backward all-reduces, since every rank's slice used the whole x."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.group = group
+        return x
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return _all_reduce(grad, ctx.group), None
+
+
+class _ReduceFromTPRegion(torch.autograd.Function):
+    """g: forward all-reduces the partial sums; backward passes the (replicated) gradient on."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        return _all_reduce(x, group)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad, None
+
+
+class _GatherFromTPRegion(torch.autograd.Function):
+    """Forward all-gathers the slices along the last dim; backward keeps this rank's slice."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.group = group
+        return _all_gather(x, group, x.dim() - 1)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return shard(grad, ctx.group, -1), None
+
+
+class _ScatterToTPRegion(torch.autograd.Function):
+    """Forward keeps this rank's slice of the last dim; backward all-gathers the gradient."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.group = group
+        return shard(x, group, -1)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return _all_gather(grad, ctx.group, grad.dim() - 1), None
+
+
+class _GatherFromSequenceRegion(torch.autograd.Function):
+    """Forward all-gathers the sequence; backward reduce-scatters: the gathered sequence feeds
+    tensor-parallel layers, so each rank holds a partial gradient of the whole sequence."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup, dim: int) -> torch.Tensor:
+        ctx.group, ctx.dim = group, dim
+        return _all_gather(x, group, dim)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        return _reduce_scatter(grad, ctx.group, ctx.dim), None, None
+
+
+class _ReduceScatterToSequenceRegion(torch.autograd.Function):
+    """Forward sums the partial outputs and keeps this rank's part of the sequence; backward
+    all-gathers the gradient, because every rank's partial output touched the whole sequence."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup, dim: int) -> torch.Tensor:
+        ctx.group, ctx.dim = group, dim
+        return _reduce_scatter(x, group, dim)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        return _all_gather(grad, ctx.group, ctx.dim), None, None
+
+
+def _region(fn: type[torch.autograd.Function], x: torch.Tensor, group: dist.ProcessGroup,
+            *extra: int) -> torch.Tensor:
+    x = _check_tensor(x, "x")
+    if _tp_size(group) == 1:
+        return x
+    return fn.apply(x, group, *extra)
+
+
+def copy_to_tp_region(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """f. Forward: x unchanged, no communication. Backward: 1 all_reduce (SUM) of the gradient."""
+    return _region(_CopyToTPRegion, x, group)
+
+
+def reduce_from_tp_region(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """g. Forward: 1 all_reduce (SUM) of the partial sums. Backward: identity, no communication."""
+    return _region(_ReduceFromTPRegion, x, group)
+
+
+def gather_from_tp_region(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """Forward: 1 all_gather along the last dim (every rank's slice has the same shape).
+    Backward: keep this rank's slice, no communication."""
+    return _region(_GatherFromTPRegion, x, group)
+
+
+def scatter_to_tp_region(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """Forward: keep this rank's slice of the last dim, no communication (ValueError when it
+    does not split evenly). Backward: 1 all_gather along the last dim."""
+    x = _check_tensor(x, "x")
+    if x.dim() == 0:
+        raise ValueError("scatter_to_tp_region needs a tensor with at least one dim")
+    _check_divisible(x.shape[-1], _tp_size(group), "size of the last dim")
+    return _region(_ScatterToTPRegion, x, group)
+
+
+def gather_from_sequence_region(x: torch.Tensor, group: dist.ProcessGroup,
+                                dim: int = 1) -> torch.Tensor:
+    """Sequence parallel: forward 1 all_gather of the sequence along `dim` (default 1, as in
+    (batch, seq, hidden); every rank's part has the same shape); backward 1 reduce_scatter of
+    the gradient along `dim`."""
+    x = _check_tensor(x, "x")
+    return _region(_GatherFromSequenceRegion, x, group, _normalise_dim(x, dim))
+
+
+def reduce_scatter_to_sequence_region(x: torch.Tensor, group: dist.ProcessGroup,
+                                      dim: int = 1) -> torch.Tensor:
+    """Sequence parallel: forward 1 reduce_scatter along `dim` (sum the partial outputs, keep
+    this rank's part of the sequence; ValueError when it does not split evenly); backward
+    1 all_gather of the gradient along `dim`."""
+    x = _check_tensor(x, "x")
+    dim = _normalise_dim(x, dim)
+    _check_divisible(x.shape[dim], _tp_size(group), f"size of dim {dim} (the sequence)")
+    return _region(_ReduceScatterToSequenceRegion, x, group, dim)

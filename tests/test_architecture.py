@@ -1,0 +1,365 @@
+"""The layout of dpmp_lab, read from the source (nothing is imported), so that it stays a house a
+new maintainer can read top to bottom.
+
+1. No import cycles among dpmp_lab's modules, counting imports inside functions too: a loop
+   held together by an import placed in a function is still a loop. How imports are read:
+   - `import dpmp_lab.x` and `from dpmp_lab.x import name` import dpmp_lab.x;
+     `from dpmp_lab.x import y` imports dpmp_lab.x.y when that is a module. Relative imports
+     are resolved the same way. Imports under `if TYPE_CHECKING:` never run and are skipped.
+   - The package itself, dpmp_lab/__init__.py, is the learner's facade `dl`: it imports
+     everything, so its own imports are re-exports and never count. A module that imports the
+     package (`import dpmp_lab as dl`, `from dpmp_lab import x`) depends on what it uses it
+     for: `dl.viz` on dpmp_lab.viz, a re-exported `dl.ProcessGrid` on dpmp_lab.grid, where the
+     facade gets it; a name the facade defines itself (`dl.__version__`) on nothing.
+   - A subpackage (dpmp_lab.tp, ...) is an ordinary module: its __init__ imports its
+     submodules, so a submodule that imports a name from its own package closes a loop.
+2. A module over MAX_LINES lines says in its docstring why it stays whole, with a sentence
+   starting with the marker WHOLE, e.g. "Why it stays whole: the hook and the events it makes
+   are one mechanism ...". Otherwise split it where it has a seam.
+3. dpmp_lab.render, the drawing primitives every module may use, imports nothing from dpmp_lab.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+PACKAGE_DIR = Path(__file__).resolve().parent.parent / "dpmp_lab"
+MAX_LINES = 400
+WHOLE = "Why it stays whole:"
+
+
+@dataclass(frozen=True)
+class Edge:
+    """`source` imports `target`, at `line` of `path`; `function` names the function it is in."""
+
+    source: str
+    target: str
+    path: Path
+    line: int
+    function: str | None
+
+    def __str__(self) -> str:
+        where = f" (inside {self.function})" if self.function else ""
+        return f"{self.path}:{self.line}{where}"
+
+
+def find_modules(package_dir: Path) -> dict[str, Path]:
+    """{dotted module name: file} for every module of the package, a package being its
+    __init__.py."""
+    root = package_dir.name
+    modules = {}
+    for path in sorted(package_dir.rglob("*.py")):
+        parts = [root, *path.relative_to(package_dir).with_suffix("").parts]
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        modules[".".join(parts)] = path
+    return modules
+
+
+def _imports(tree: ast.AST) -> list[tuple[ast.Import | ast.ImportFrom, str | None]]:
+    """Every import statement with the function it sits in ("Class.method"; None at module
+    level), skipping `if TYPE_CHECKING:` blocks."""
+    found: list[tuple[ast.Import | ast.ImportFrom, str | None]] = []
+
+    def visit(node: ast.AST, scope: list[str], in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                for stmt in child.orelse:
+                    visit(stmt, scope, in_function)
+                continue
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                found.append((child, ".".join(scope) if in_function else None))
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                visit(child, [*scope, child.name], True)
+            elif isinstance(child, ast.ClassDef):
+                visit(child, [*scope, child.name], in_function)
+            else:
+                visit(child, scope, in_function)
+
+    visit(tree, [], False)
+    return found
+
+
+def _absolute(node: ast.ImportFrom, module: str, is_package: bool) -> str:
+    """The dotted module a `from ... import` reads from, relative imports resolved."""
+    if not node.level:
+        return node.module or ""
+    base = module.split(".")
+    base = base if is_package else base[:-1]
+    base = base[:len(base) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _facade_names(root: str, modules: dict[str, Path]) -> dict[str, str]:
+    """{name: module} for the names the package's __init__ re-exports from its modules."""
+    names = {}
+    for node, _ in _imports(ast.parse(modules[root].read_text())):
+        if isinstance(node, ast.ImportFrom):
+            source = _absolute(node, root, is_package=True)
+            for alias in node.names:
+                sub = f"{source}.{alias.name}"
+                names[alias.asname or alias.name] = sub if sub in modules else source
+    return {name: module for name, module in names.items() if module in modules}
+
+
+def _via_facade(parts: list[str], root: str, modules: dict[str, Path],
+                facade: dict[str, str]) -> str | None:
+    """The module that `dl.a.b...` (parts ["a", "b", ...]) stands for: the deepest submodule
+    it names, or the module the facade took the name `a` from; None for a name the facade
+    defines itself. The facade's own binding wins, as it does at run time (`dl.launch` is the
+    function, though dpmp_lab.launch is a module too)."""
+    bound = facade.get(parts[0])
+    if bound is not None and bound != f"{root}.{parts[0]}":
+        return bound
+    return _deepest_module(root, parts, modules)
+
+
+def _deepest_module(root: str, parts: list[str], modules: dict[str, Path]) -> str | None:
+    """The deepest module among root.a, root.a.b, ... for parts ["a", "b", ...]."""
+    for n in range(len(parts), 0, -1):
+        name = ".".join([root, *parts[:n]])
+        if name in modules:
+            return name
+    return None
+
+
+def _attribute_chains(tree: ast.AST, alias: str) -> list[tuple[list[str], int]]:
+    """Every outermost `alias.a.b...` in the module, as (["a", "b", ...], line)."""
+    chains = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.Attribute):
+            parts, inner = [], node
+            while isinstance(inner, ast.Attribute):
+                parts.append(inner.attr)
+                inner = inner.value
+            if isinstance(inner, ast.Name) and inner.id == alias:
+                chains.append((parts[::-1], node.lineno))
+                return
+            node = inner   # e.g. dl.f(x).y: look inside the call
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return chains
+
+
+def import_edges(package_dir: Path) -> list[Edge]:
+    """Every import of one of the package's modules by another, as the module docstring says."""
+    modules = find_modules(package_dir)
+    root = package_dir.name
+    facade = _facade_names(root, modules)
+    edges = []
+    for module, path in modules.items():
+        if module == root:
+            continue   # the facade's imports are re-exports
+        tree = ast.parse(path.read_text())
+        for node, function in _imports(tree):
+            for target, line in _targets(node, tree, module, path.name == "__init__.py",
+                                         modules, facade):
+                if target is not None and target != module:
+                    edges.append(Edge(module, target, path.relative_to(package_dir.parent),
+                                      line, function))
+    return edges
+
+
+def _targets(node: ast.Import | ast.ImportFrom, tree: ast.AST, module: str, is_package: bool,
+             modules: dict[str, Path], facade: dict[str, str]) -> list[tuple[str | None, int]]:
+    """(module of the package, line) for what one import statement brings in."""
+    root = module.split(".")[0]
+    if isinstance(node, ast.Import):
+        found = []
+        for alias in node.names:
+            if alias.name == root:   # the facade itself: what is it used for?
+                found += [(_via_facade(parts, root, modules, facade), line)
+                          for parts, line in _attribute_chains(tree, alias.asname or root)]
+            elif alias.name.startswith(root + "."):
+                found.append((_deepest_module(root, alias.name.split(".")[1:], modules),
+                              node.lineno))
+        return found
+    source = _absolute(node, module, is_package)
+    if source != root and not source.startswith(root + "."):
+        return []
+    found = []
+    for alias in node.names:
+        if f"{source}.{alias.name}" in modules:
+            found.append((f"{source}.{alias.name}", node.lineno))
+        elif source == root:
+            found.append((_via_facade([alias.name], root, modules, facade), node.lineno))
+        else:
+            found.append((source, node.lineno))
+    return found
+
+
+def import_cycles(edges: list[Edge]) -> list[list[Edge]]:
+    """The import cycles, as the edges that close them: for every import that lies on a cycle,
+    the shortest cycle through it (each cycle once), so every loop there is gets named."""
+    graph: dict[str, dict[str, Edge]] = {}
+    for edge in edges:
+        graph.setdefault(edge.source, {}).setdefault(edge.target, edge)
+    cycles: dict[frozenset[tuple[str, str]], list[Edge]] = {}
+    for group in _strongly_connected(graph):
+        for source in sorted(group):
+            for target, edge in sorted(graph.get(source, {}).items()):
+                if target in group:
+                    cycle = [edge] + _shortest_path(graph, group, target, source)
+                    cycles.setdefault(frozenset((e.source, e.target) for e in cycle),
+                                      _rotated(cycle))
+    return sorted(cycles.values(), key=lambda c: (len(c), [e.source for e in c]))
+
+
+def _strongly_connected(graph: dict[str, dict[str, Edge]]) -> list[set[str]]:
+    """Tarjan's algorithm."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, {}):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.add(w)
+                if w == v:
+                    break
+            groups.append(group)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return groups
+
+
+def _shortest_path(graph: dict[str, dict[str, Edge]], group: set[str], start: str,
+                   end: str) -> list[Edge]:
+    """The edges of a shortest path start -> ... -> end inside the group (breadth first)."""
+    paths: dict[str, list[Edge]] = {start: []}
+    frontier = [start]
+    while end not in paths:
+        following = []
+        for v in frontier:
+            for w, edge in sorted(graph.get(v, {}).items()):
+                if w in group and w not in paths:
+                    paths[w] = paths[v] + [edge]
+                    following.append(w)
+        if not following:
+            raise AssertionError(f"no path {start} -> {end} in {sorted(group)}")
+        frontier = following
+    return paths[end]
+
+
+def _rotated(cycle: list[Edge]) -> list[Edge]:
+    """The cycle starting at its alphabetically first module, so it reads the same each run."""
+    first = min(range(len(cycle)), key=lambda i: cycle[i].source)
+    return cycle[first:] + cycle[:first]
+
+
+def describe_cycle(cycle: list[Edge]) -> str:
+    names = " -> ".join([cycle[0].source] + [e.target for e in cycle])
+    return f"{names}\n    " + "\n    ".join(
+        f"{e.source} imports {e.target} at {e}" for e in cycle)
+
+
+def module_docstring(path: Path) -> str:
+    return ast.get_docstring(ast.parse(path.read_text())) or ""
+
+
+# -- the rules, on dpmp_lab ----------------------------------------------------------------------
+
+
+def test_no_import_cycles_among_dpmp_lab_modules():
+    cycles = import_cycles(import_edges(PACKAGE_DIR))
+    assert not cycles, ("import cycles among dpmp_lab modules (imports inside functions count "
+                        "too); make one side not need the other, e.g. move what both need "
+                        "into a lower module:\n" + "\n".join(map(describe_cycle, cycles)))
+
+
+def test_long_modules_say_why_they_stay_whole():
+    long = []
+    for module, path in find_modules(PACKAGE_DIR).items():
+        lines = len(path.read_text().splitlines())
+        if lines > MAX_LINES and WHOLE not in module_docstring(path):
+            long.append(f"{module} ({path.relative_to(PACKAGE_DIR.parent)}, {lines} lines)")
+    assert not long, (f"modules over {MAX_LINES} lines whose docstring does not say why they "
+                      f"stay whole (a sentence starting {WHOLE!r}); split them where they "
+                      "have a seam, or say why not:\n  " + "\n  ".join(long))
+
+
+def test_render_imports_nothing_from_dpmp_lab():
+    tree = ast.parse((PACKAGE_DIR / "render.py").read_text())
+    found = [f"line {node.lineno}: {ast.unparse(node)}" for node, _ in _imports(tree)
+             if (isinstance(node, ast.ImportFrom) and (node.level or (node.module or "")
+                                                       .split(".")[0] == "dpmp_lab"))
+             or (isinstance(node, ast.Import)
+                 and any(a.name.split(".")[0] == "dpmp_lab" for a in node.names))]
+    assert not found, "dpmp_lab.render must stay below every module:\n" + "\n".join(found)
+
+
+# -- the reading of imports, on small packages made for the purpose -------------------------------
+
+
+def _package(tmp_path: Path, files: dict[str, str]) -> Path:
+    root = tmp_path / "pkg"
+    for name, source in {"__init__.py": "", **files}.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(source)
+    return root
+
+
+def _cycle_names(root: Path) -> list[str]:
+    return [" -> ".join([c[0].source] + [e.target for e in c])
+            for c in import_cycles(import_edges(root))]
+
+
+def test_a_loop_through_an_import_inside_a_function_is_found(tmp_path):
+    root = _package(tmp_path, {
+        "low.py": "def picture():\n    from pkg import high\n    return high\n",
+        "high.py": "from pkg.low import picture\n",
+        "other.py": "import pkg.low\n",
+    })
+    assert _cycle_names(root) == ["pkg.high -> pkg.low -> pkg.high"]
+    [cycle] = import_cycles(import_edges(root))
+    assert "pkg.low imports pkg.high at pkg/low.py:2 (inside picture)" in describe_cycle(cycle)
+
+
+@pytest.mark.parametrize("files, cycles", [
+    # the facade's re-exports do not count; using the facade for a module does
+    ({"__init__.py": "from pkg import a, b\n__version__ = '1'\n",
+      "a.py": "import pkg\nV = pkg.__version__\n", "b.py": ""}, []),
+    ({"__init__.py": "from pkg import a, b\n",
+      "a.py": "import pkg as p\ndef f():\n    return p.b.g()\n",
+      "b.py": "from pkg.a import f\n"}, ["pkg.a -> pkg.b -> pkg.a"]),
+    # a re-exported name stands for its module
+    ({"__init__.py": "from pkg.b import Thing\n",
+      "a.py": "from pkg import Thing\n", "b.py": "from pkg import a\n"},
+     ["pkg.a -> pkg.b -> pkg.a"]),
+    # a submodule that needs its own package's name closes a loop; relative imports resolve
+    ({"sub/__init__.py": "from pkg.sub.x import f\n",
+      "sub/x.py": "from . import y\ndef f():\n    return y\n",
+      "sub/y.py": "from pkg.sub import f\n"},
+     ["pkg.sub -> pkg.sub.x -> pkg.sub.y -> pkg.sub"]),
+    # two loops through one module are two findings, not one tangle
+    ({"a.py": "from pkg import b, c\n", "b.py": "import pkg.a\n", "c.py": "import pkg.a\n"},
+     ["pkg.a -> pkg.b -> pkg.a", "pkg.a -> pkg.c -> pkg.a"]),
+    # imports for type checking never run
+    ({"a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import b\n",
+      "b.py": "import pkg.a\n"}, []),
+])
+def test_how_imports_are_read(tmp_path, files, cycles):
+    assert _cycle_names(_package(tmp_path, files)) == cycles

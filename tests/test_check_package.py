@@ -1,0 +1,215 @@
+"""dl.check's parts, without launching: the hint tables (every built-in entry fires on its case,
+a grader's entry speaks first), references switched off wherever the library holds them, and
+the check submodules guarded like the package."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+import dpmp_lab as dl
+from dpmp_lab import integrity
+from dpmp_lab.check import hints
+from dpmp_lab.check.failed import CheckFailed
+from dpmp_lab.check.hints import COMM_HINTS, SCALE_HINTS, CommHint, ScaleHint
+from dpmp_lab.integrity import TamperingDetected
+
+TP, WORLD = (0, 1), (0, 1, 2, 3)
+
+
+def trace_of(*events: tuple) -> dl.Trace:
+    """(op, ranks, phase, label) per call, as rank 0 issued them."""
+    t = dl.Trace()
+    t.rank = 0
+    for op, group, phase, label in events:
+        t.events.append(dl.CommEvent(op, group, 64, "float32", (16,), phase, False, label))
+    return t
+
+
+def comm_failure(t: dl.Trace, expected: dict, **kw) -> str:
+    with pytest.raises(CheckFailed) as info:
+        dl.check.comm(t, expected, **kw)
+    return str(info.value)
+
+
+def dp_calls(op: str, n: int) -> list[tuple]:
+    return [(op, TP, None, "dp")] * n
+
+
+# one case per built-in entry of COMM_HINTS, in the table's order: (trace, expected, kwargs, words)
+COMM_CASES = [
+    (dp_calls("all_reduce", 4), {"all_reduce": 1}, {"n_params": 4},
+     "4 all-reduces = one per parameter tensor: flatten the gradients"),
+    ([("all_reduce", WORLD, "backward", None)], {("all_reduce", "dp", "backward"): 1}, {},
+     "the all_reduce went to group (0,1,2,3) instead of the dp group: pass group=... to the "
+     "collective (without it, torch uses every rank)"),
+    (dp_calls("all_reduce", 2), {("all_reduce", "dp", "backward"): 2}, {},
+     "the all_reduce was issued outside forward and backward, not during backward: launch the "
+     "gradient communication from gradient hooks"),
+    (dp_calls("all_gather", 1), {"all_reduce": 1}, {},
+     "an all_gather where an all_reduce belongs"),
+    (dp_calls("all_reduce", 1), {"all_gather": 1}, {},
+     "an all_reduce where an all_gather belongs"),
+    (dp_calls("all_reduce", 1), {"reduce_scatter": 1}, {},
+     "a full all_reduce where a reduce_scatter is enough"),
+    (dp_calls("all_reduce", 1), {"send": 4, "recv": 4}, {},
+     "torch's all_reduce was called, but this exercise builds the communication from "
+     "point-to-point messages: post each send together with its receive"),
+    (dp_calls("all_reduce", 4), {"broadcast": 1, "all_reduce": 4}, {},
+     "no broadcast was issued: the step that should communicate is missing"),
+    (dp_calls("all_reduce", 4), {("all_reduce", "dp"): 2}, {},
+     "2x the expected number of all_reduce calls on the dp group"),
+    (dp_calls("all_reduce", 4), {"all_reduce": 3}, {},
+     "1 all_reduce call(s) more than needed"),
+    (dp_calls("all_reduce", 5), {"all_reduce": 8}, {},
+     "3 all_reduce call(s) missing"),
+    (dp_calls("send", 1) + dp_calls("recv", 1) + dp_calls("broadcast", 1), {"send": 1, "recv": 1},
+     {}, "this exercise builds its communication from send/recv only, but torch's broadcast "
+         "was called"),
+    (dp_calls("all_reduce", 4), {}, {},
+     "4 unexpected all_reduce call(s) on group dp: communication the algorithm does not need"),
+]
+
+
+@pytest.mark.parametrize("calls, expected, kw, words", COMM_CASES)
+def test_each_comm_hint_names_its_mistake(calls, expected, kw, words):
+    assert f"Likely mistake: {words}" in comm_failure(trace_of(*calls), expected, **kw)
+
+
+def test_every_built_in_comm_hint_fires_on_its_own_case(monkeypatch):
+    fired = []
+
+    def recorded(i: int, hint: CommHint) -> CommHint:
+        def when(row, table):
+            if hint.when(row, table):
+                fired.append(i)
+                return True
+            return False
+        return CommHint(when, hint.says, hint.accounts_for)
+
+    monkeypatch.setattr(hints, "COMM_HINTS", [recorded(i, h) for i, h in enumerate(COMM_HINTS)])
+    assert len(COMM_CASES) == len(COMM_HINTS)
+    for i, (calls, expected, kw, _) in enumerate(COMM_CASES):
+        fired.clear()
+        comm_failure(trace_of(*calls), expected, **kw)
+        assert fired[0] == i, f"case {i} was named by entry {fired[0]}"
+
+
+def test_a_hint_that_accounts_for_the_extra_calls_leaves_them_no_line_of_their_own():
+    msg = comm_failure(trace_of(*dp_calls("all_gather", 2)), {"all_reduce": 1})
+    assert "unexpected all_gather" not in msg and "Also" not in msg
+
+
+def test_a_graders_comm_hint_speaks_first():
+    hint = CommHint(lambda row, table: row.op == "all_to_all" and row.expected is None,
+                    lambda row, table: f"{row.seen} all_to_all: this exercise needs none")
+    t = trace_of(*dp_calls("all_to_all", 2))
+    assert "Likely mistake: 2 unexpected all_to_all" in comm_failure(t, {})
+    COMM_HINTS.insert(0, hint)
+    try:
+        msg = comm_failure(t, {})
+    finally:
+        COMM_HINTS.remove(hint)
+    assert "Likely mistake: 2 all_to_all: this exercise needs none" in msg
+    assert "unexpected all_to_all" not in msg      # the first entry that applies speaks alone
+
+
+def test_an_exercises_own_words_come_before_the_table():
+    t = trace_of(*dp_calls("all_reduce", 2))
+    msg = comm_failure(t, {"all_reduce": 1}, hints={"all_reduce": "one per bucket"})
+    assert "Likely mistake: one per bucket\nAlso: 2x the expected number" in msg
+
+
+SCALE_CASES = [
+    (0.0, 2, "every element is zero"),
+    (0.1, 2, "every element is 1/10 of the reference: divided by 10 once too often (not the"),
+    (10.0, 2, "every element is 10x the reference: a sum over 10 micro-batches or parts"),
+    (4.0, 4, "every element is 4x the reference: a sum over 4 ranks or micro-batches"),
+    (0.5, 2, "every element is 1/2 of the reference: divided by 2 once too often"),
+    (1.7, 2, "every element is 1.7x the reference (a wrong scale factor)"),
+]
+
+
+@pytest.mark.parametrize("factor, world, words", SCALE_CASES)
+def test_each_scale_hint_names_its_mistake(factor, world, words):
+    e = torch.linspace(1, 2, 6, dtype=torch.float64)
+    with pytest.raises(CheckFailed) as info:
+        dl.check.compare([{"m": factor * e}] * world, {"m": e}, dtype=torch.float64)
+    assert f"Likely mistake: {words}" in str(info.value)
+
+
+def test_scale_hints_fire_in_order_and_a_graders_entry_speaks_first():
+    assert len(SCALE_CASES) == len(SCALE_HINTS)
+    e = torch.linspace(1, 2, 6, dtype=torch.float64)
+    for i, (factor, world, _) in enumerate(SCALE_CASES):
+        scale = hints.Scale(factor, world)
+        assert next(n for n, h in enumerate(SCALE_HINTS) if h.when(scale)) == i
+    hint = ScaleHint(lambda s: s.factor == -1, "the sign is flipped: loss or gradient negated")
+    SCALE_HINTS.insert(0, hint)
+    try:
+        assert hints.scale_hint(-e, e, 1e-10, 1e-10) == hint.says
+    finally:
+        SCALE_HINTS.remove(hint)
+    assert hints.scale_hint(-e, e, 1e-10, 1e-10) == (
+        "every element is -1x the reference (a wrong scale factor)")
+    assert hints.scale_hint(e + 1, e, 1e-10, 1e-10) == ""     # not a scaled copy: no guess
+
+
+# -- references switched off wherever the library holds them -----------------------------------
+
+
+def holders(obj) -> list[str]:
+    """The dpmp_lab modules that hold `obj` under some name."""
+    return sorted(f"{key}.{name}" for key, m in list(sys.modules.items())
+                  if key.startswith("dpmp_lab") and m is not None
+                  for name, value in list(vars(m).items()) if value is obj)
+
+
+@pytest.mark.parametrize("target, name", [("dl.tp.copy_to_tp_region", "copy_to_tp_region"),
+                                          ("dl.dp", "DataParallel"), ("ProcessGrid", None)])
+def test_a_reference_is_off_in_every_library_module_that_holds_it(target, name):
+    owner = dl if name is None else (dl.tp if "tp" in target else dl.dp)
+    original = getattr(owner, name or target)
+    before = holders(original)
+    assert len(before) >= 2       # where learners reach it, and where it is defined
+    with dl.check.references_off(target):
+        assert holders(original) == []
+        with pytest.raises(dl.check.ReferenceSwitchedOff, match="is switched off here"):
+            getattr(owner, name or target)()
+        integrity.verify()
+    assert holders(original) == before
+
+
+def test_the_graders_own_references_stay_on():
+    original = dl.models.default_dtype
+    with dl.check.references_off("models.default_dtype"):
+        assert dl.models.default_dtype is not original
+        assert vars(dl.check.numbers)["default_dtype"] is original
+
+
+def test_targets_are_checked():
+    with pytest.raises(ValueError, match="no 'hybrid.nothing_like_this'"):
+        with dl.check.references_off("hybrid.nothing_like_this"):
+            pass
+    with pytest.raises(ValueError, match="not a name under dpmp_lab"):
+        with dl.check.references_off("tp..shard"):
+            pass
+
+
+# -- the submodules are the grader's too -------------------------------------------------------
+
+
+def test_writes_into_a_check_submodule_are_refused_or_caught():
+    with pytest.raises(TamperingDetected, match="dpmp_lab.check.communication.comm cannot be"):
+        dl.check.communication.comm = lambda *args, **kwargs: None
+    original = hints.likely_mistakes
+    vars(hints)["likely_mistakes"] = lambda table, custom=None: []
+    try:
+        assert integrity.changes() == ["dpmp_lab.check.hints.likely_mistakes was replaced"]
+        with pytest.raises(TamperingDetected, match="likely_mistakes was replaced"):
+            dl.check.comm(trace_of(), {})
+    finally:
+        vars(hints)["likely_mistakes"] = original
+    integrity.verify()

@@ -1,0 +1,204 @@
+"""failures.py without processes: what the launcher makes of what the ranks left behind."""
+
+from __future__ import annotations
+
+import linecache
+import signal
+
+import pytest
+
+from dpmp_lab import worker
+from dpmp_lab.failures import (
+    HANG_HINT,
+    P2P_HANG_HINT,
+    UNGUARDED_EXIT,
+    LaunchError,
+    LaunchTimeout,
+    RankFailure,
+    Reason,
+    UnguardedLaunch,
+    death,
+    dump_complete,
+    hang_hint,
+    launch_error,
+    launch_timeout,
+    p2p_wait,
+    stack_from_dump,
+    still_running,
+    where_stuck,
+)
+
+CELL = "/tmp/ipykernel_0/cell-3.py"
+C10D = "/site-packages/torch/distributed/distributed_c10d.py"
+MAIN_THREAD = 0x7F00AA
+OTHER_THREAD = 0x7F00BB
+
+
+@pytest.fixture(autouse=True)
+def cell_source():
+    source = "def step(t):\n    dist.all_reduce(t)\n    return t\n"
+    linecache.cache[CELL] = (len(source), None, source.splitlines(True), CELL)
+    yield
+    linecache.cache.pop(CELL, None)
+
+
+def dump(main_frames: list[str], *, with_launcher: bool = True) -> str:
+    """A faulthandler dump as a rank writes it on SIGUSR1: most recent call first."""
+    launcher = [f'  File "{worker.__file__}", line 281 in _call_user',
+                f'  File "{worker.__file__}", line 140 in rank_main',
+                '  File "/usr/lib/python3.11/multiprocessing/process.py", line 108 in run']
+    return "\n".join([
+        f"Thread 0x{OTHER_THREAD:016x} (most recent call first):",
+        '  File "/usr/lib/python3.11/threading.py", line 320 in wait',
+        "",
+        f"Current thread 0x{MAIN_THREAD:016x} (most recent call first):",
+        *main_frames,
+        *(launcher if with_launcher else []),
+    ])
+
+
+IN_ALL_REDUCE = [f'  File "{C10D}", line 2801 in all_reduce',
+                 f'  File "{CELL}", line 2 in step']
+
+
+def exception(rank: int, exc_type: str, message: str, traceback: str = "") -> RankFailure:
+    return RankFailure(rank, Reason.EXCEPTION, exc_type=exc_type, message=message,
+                       traceback=traceback)
+
+
+# -- dumps -------------------------------------------------------------------------------------
+
+
+def test_dump_becomes_a_traceback_of_the_main_thread_with_the_cells_source():
+    stack = stack_from_dump(dump(IN_ALL_REDUCE), MAIN_THREAD)
+    assert stack.splitlines() == [
+        "Traceback (most recent call last):",
+        f'  File "{CELL}", line 2, in step',
+        "    dist.all_reduce(t)",
+        f'  File "{C10D}", line 2801, in all_reduce',
+    ]
+    assert "threading.py" not in stack and "worker.py" not in stack
+
+
+def test_unknown_main_thread_falls_back_to_the_first_block_and_empty_dumps_to_nothing():
+    assert "threading.py" in stack_from_dump(dump(IN_ALL_REDUCE), None)
+    assert stack_from_dump("", MAIN_THREAD) == ""
+    assert stack_from_dump("Fatal Python error: Aborted\n", None) == ""
+
+
+def test_a_dump_is_complete_once_the_launchers_frames_arrived():
+    assert dump_complete(dump(IN_ALL_REDUCE), MAIN_THREAD)
+    assert not dump_complete(dump(IN_ALL_REDUCE, with_launcher=False)[:120], MAIN_THREAD)
+    # caught in the launcher's own code: nothing of the learner's to show yet
+    assert not dump_complete(dump([]), MAIN_THREAD)
+
+
+def test_where_stuck_prefers_the_dump_then_the_reported_traceback():
+    reported = exception(0, "DistBackendError", "timed out", "Traceback: reported")
+    assert "in step" in where_stuck(dump(IN_ALL_REDUCE), MAIN_THREAD, reported)
+    assert where_stuck("", MAIN_THREAD, reported) == "Traceback: reported"
+    assert where_stuck("", MAIN_THREAD, None) == ""
+
+
+# -- a rank's process ended ----------------------------------------------------------------------
+
+
+def test_death_by_signal_lifts_the_fatal_error_dump_out_of_the_output():
+    output = ("epoch 1\nlast words\nFatal Python error: Aborted\n\n"
+              + dump(IN_ALL_REDUCE))
+    f = death(1, -signal.SIGABRT, output, MAIN_THREAD, started=True)
+    assert (f.reason, f.signal, f.exitcode) == (Reason.SIGNAL, signal.SIGABRT, -6)
+    assert "in step" in f.traceback and f.output_tail == "epoch 1\nlast words"
+    assert "killed by signal SIGABRT (aborted; with gloo" in f.describe()
+
+
+def test_death_by_exit_keeps_the_output_tail():
+    f = death(0, 3, "\n".join(f"line {i}" for i in range(30)), None, started=True)
+    assert (f.reason, f.exitcode, f.traceback) == (Reason.EXIT, 3, "")
+    assert f.output_tail.splitlines() == [f"line {i}" for i in range(15, 30)]
+    assert f.describe().startswith("rank 0 exited with code 3 before returning")
+
+
+def test_the_unguarded_exit_counts_only_before_the_rank_started():
+    assert death(0, UNGUARDED_EXIT, "", None, started=False).reason == Reason.UNGUARDED
+    assert death(0, UNGUARDED_EXIT, "", None, started=True).reason == Reason.EXIT
+
+
+# -- sorting failures into the error --------------------------------------------------------------
+
+
+def test_a_crash_is_the_cause_and_lost_peers_are_stopped():
+    crash = death(2, -signal.SIGSEGV, "", None, started=True)
+    lost = exception(0, "DistBackendError", "Connection closed by peer [127.0.0.1]:4")
+    err = launch_error({0: lost, 2: crash}, output=[""] * 4, finished=[3], pg_timeout=30)
+    assert type(err) is LaunchError
+    assert list(err.failures) == [2] and err.stopped == [0, 1] and err.finished == [3]
+    text = str(err)
+    assert text.startswith("rank 2 of 4 failed\nrank 2 was killed by signal SIGSEGV")
+    assert "rank 3 had returned." in text and "ranks 0, 1: stopped by the launcher" in text
+
+
+def test_only_lost_peers_are_still_reported():
+    lost = exception(1, "DistBackendError", "Connection reset by peer")
+    err = launch_error({1: lost}, output=["", ""], finished=[], pg_timeout=30)
+    assert list(err.failures) == [1] and err.stopped == [0]
+
+
+def test_process_group_timeouts_everywhere_are_a_hang_and_the_p2p_kind_is_named():
+    in_send = f'  File "{CELL}", line 2, in step\n  File "{C10D}", line 9, in send\n'
+    failures = {1: exception(1, "torch.distributed.DistBackendError", "Timed out waiting",
+                             in_send),
+                0: exception(0, "RuntimeError", "operation timed out", "")}
+    err = launch_error(failures, output=["", ""], finished=[], pg_timeout=2)
+    assert isinstance(err, LaunchTimeout) and list(err.failures) == [0, 1]
+    assert err.failures[1].reason == Reason.TIMEOUT
+    assert err.failures[1].message.startswith(
+        "waited 2 s in a send whose partner never posted the matching recv")
+    assert err.failures[0].message.startswith("waited 2 s in a collective that not every rank")
+    assert err.hint == P2P_HANG_HINT
+    assert failures[1].reason == Reason.EXCEPTION   # what was collected is left as it was
+
+
+@pytest.mark.parametrize("failure, hint", [
+    (exception(0, "RuntimeError", "Mismatch in sizes"), "different shapes or dtypes"),
+    (RankFailure(0, Reason.SIGNAL, signal=signal.SIGKILL, exitcode=-9), "out of memory"),
+    (exception(0, "ValueError", "bad batch"), None),
+])
+def test_hints_for_a_failure(failure, hint):
+    err = launch_error({0: failure}, output=["", ""], finished=[], pg_timeout=30)
+    assert (err.hint is None) if hint is None else hint in err.hint
+
+
+def test_launch_timeout_names_the_stuck_ranks_in_order():
+    stuck = {r: still_running(r, stack=stack_from_dump(dump(IN_ALL_REDUCE), MAIN_THREAD),
+                              output="step 7\n", timeout=3) for r in (2, 0)}
+    err = launch_timeout(stuck, output=["", "", ""], finished=[1])
+    assert list(err.failures) == [0, 2] and err.stopped == [] and err.hint == HANG_HINT
+    text = str(err)
+    assert text.startswith("ranks 0, 2 of 3 did not finish\nrank 0 did not finish: still "
+                           "running after 3 s (launch timeout)")
+    assert "dist.all_reduce(t)" in text and "last output of rank 0:\n    step 7" in text
+
+
+def test_p2p_wait_reads_the_innermost_torch_distributed_call():
+    assert p2p_wait(f'  File "{C10D}", line 9, in irecv') == "recv"
+    assert p2p_wait(f'  File "{C10D}", line 9, in batch_isend_irecv') == "recv"
+    assert p2p_wait(f'  File "{C10D}", line 9, in send_object_list') == "send"
+    assert p2p_wait(f'  File "{C10D}", line 9, in send\n  File "{C10D}", line 9, in wait') is None
+    assert p2p_wait(f'  File "{CELL}", line 2, in send') is None   # not torch's send
+    assert hang_hint({0: exception(0, "RuntimeError", "", "")}) == HANG_HINT
+
+
+def test_an_unguarded_script_is_one_error_saying_what_to_add():
+    failures = {r: death(r, UNGUARDED_EXIT, "", None, started=False) for r in range(4)}
+    err = launch_error(failures, output=[""] * 4, finished=[], pg_timeout=30)
+    assert isinstance(err, UnguardedLaunch) and isinstance(err, LaunchError)
+    text = str(err)
+    assert 'if __name__ == "__main__":' in text and "__mp_main__" in text
+    assert "rank 0" not in text and len(text.splitlines()) < 10
+
+
+def test_the_report_is_what_ipython_shows():
+    err = launch_error({0: exception(0, "ValueError", "bad", "  File x")}, output=["", ""],
+                       finished=[1], pg_timeout=30)
+    assert err._render_traceback_() == ["LaunchError: " + err.report()]

@@ -1,0 +1,86 @@
+"""lines.py and protocol.py without processes: splitting output, and the launcher's words."""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+
+import pytest
+
+from dpmp_lab import serialize
+from dpmp_lab.lines import LineSplitter, labelled
+from dpmp_lab.progress import Progress
+from dpmp_lab.protocol import Outcome, Raised, RankState, Returned, Started
+
+
+def test_whole_lines_come_out_and_the_unfinished_end_waits():
+    s = LineSplitter()
+    assert s.feed(b"epoch 1\nepo") == ("epoch 1\nepo", ["epoch 1"])
+    assert s.feed(b"ch 2") == ("ch 2", [])
+    assert s.feed(b"\n\nloss") == ("\n\nloss", ["epoch 2", ""])
+    assert s.rest() == "loss" and s.rest() is None
+
+
+def test_a_character_cut_between_reads_is_decoded_whole():
+    data = "ü → ∑\n".encode()
+    s = LineSplitter()
+    texts, lines = [], []
+    for i in range(len(data)):   # one byte a read: every multi-byte character is cut
+        text, done = s.feed(data[i:i + 1])
+        texts.append(text)
+        lines += done
+    assert "".join(texts) == "ü → ∑\n" and lines == ["ü → ∑"]
+
+
+def test_end_of_stream_flushes_a_cut_character_as_a_replacement():
+    s = LineSplitter()
+    s.feed(b"caf\xc3")
+    assert s.feed(b"") == ("\ufffd", [])
+    assert s.rest() == "caf\ufffd"
+
+
+def test_invalid_bytes_do_not_stop_the_stream():
+    s = LineSplitter()
+    assert s.feed(b"\xff\xfeok\n")[1] == ["\ufffd\ufffdok"]
+
+
+def test_labelled():
+    assert labelled(3, "loss 0.5") == "[rank 3] loss 0.5\n"
+
+
+# -- protocol -----------------------------------------------------------------------------------
+
+
+def test_states_and_outcomes_are_strings_too():
+    assert RankState.RETURNED == "returned" and f"{RankState.FAILED}" == "failed"
+    assert {RankState.RUNNING: 1}["running"] == 1
+    assert Outcome.ALL_RETURNED != RankState.RETURNED   # the three "returned" are now apart
+    p = Progress(2, enabled=True)
+    assert p.text() == "ranks: 0 starting, 1 starting"
+
+
+def test_messages_are_built_and_read_by_name_only():
+    m = Raised(exc_type="ValueError", message="bad", traceback="tb", exitcode=None)
+    with pytest.raises(TypeError):
+        Raised("ValueError", "bad", "tb", None)   # positional: a new field would shift these
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        m.message = "other"
+    match m:
+        case Raised(message=text, exitcode=None):
+            assert text == "bad"
+        case _:
+            pytest.fail("not matched by name")
+    with pytest.raises(TypeError):   # positional patterns are refused, not silently reordered
+        match m:
+            case Raised(_, _):
+                pass
+
+
+@pytest.mark.parametrize("message", [
+    Started(pid=12, main_thread=34),
+    Returned(value=[1.5, "x"], trace=None),
+    Raised(exc_type="KeyError", message="'a'", traceback="", exitcode=2),
+])
+def test_messages_travel_as_the_rank_sends_them(message):
+    assert serialize.loads(serialize.dumps(message)) == message
+    assert pickle.loads(pickle.dumps(message)) == message   # by reference: no code is shipped
