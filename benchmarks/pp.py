@@ -65,7 +65,7 @@ class SleepStage(nn.Module):
 
 def _ours(stage: SleepStage, name: str, m: int) -> list[pp.Span]:
     x = torch.zeros(m, WIDTH)
-    pipeline = pp.PipelineStage(stage, activation_shape=(1, WIDTH))
+    pipeline = pp.Stage(stage, activation_shape=(1, WIDTH))
     result = pp.run_schedule(name, pipeline, x, x, n_microbatches=m,
                              loss_fn=nn.functional.mse_loss)
     return result.spans

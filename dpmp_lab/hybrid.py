@@ -79,7 +79,7 @@ def _train(dp: int, tp: int, pp: int, config: GPTConfig, steps: int, batch_size:
     sync = DataParallel(stage_module, group=grid.dp_group, overlap=False) if dp > 1 else None
     optimizer = torch.optim.AdamW(stage_module.parameters(), lr=lr)
     micro = batch_size // dp // micro_batches
-    stage = pipeline.PipelineStage(stage_module, grid.pp_group,
+    stage = pipeline.Stage(stage_module, grid.pp_group,
                              activation_shape=(micro, config.seq_len, config.d_model))
     loss_fn = functools.partial(tensor_parallel.tp_lm_loss, group=grid.tp_group) if tp > 1 \
         else models.lm_loss
@@ -87,8 +87,8 @@ def _train(dp: int, tp: int, pp: int, config: GPTConfig, steps: int, batch_size:
     losses = []
     for step in range(steps):
         idx, targets = _batch(config, batch_size, step, seed)
-        idx = models.shard(idx, grid.dp_rank, dp).to(device)
-        targets = models.shard(targets, grid.dp_rank, dp).to(device)
+        idx = models.shard_batch(idx, grid.dp_rank, dp).to(device)
+        targets = models.shard_batch(targets, grid.dp_rank, dp).to(device)
         optimizer.zero_grad()
         result = pipeline.run_schedule(schedule, stage, idx, targets, n_microbatches=micro_batches,
                                  loss_fn=loss_fn,

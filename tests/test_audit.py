@@ -267,7 +267,7 @@ def references_on_the_device():
     model = dp.DataParallel(mlp, bucket_mb=0.0001, overlap=True)
     opt = dp.ShardedOptimizer(model.parameters(), torch.optim.AdamW, lr=1e-2)
     batch = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
-    model(models.shard(batch, rank, world).to(dev)).pow(2).mean().backward()
+    model(models.shard_batch(batch, rank, world).to(dev)).pow(2).mean().backward()
     model.finish_gradient_sync()
     opt.step()
 
@@ -279,7 +279,7 @@ def references_on_the_device():
     tp.tp_lm_loss(gpt(idx.to(dev)), targets.to(dev), group=grid.tp_group).backward()
 
     stage_module = pp.split_pieces(models.TinyGPT(hybrid.SMALL, seed=0).pieces(), world)[rank]
-    stage = pp.PipelineStage(stage_module.to(dev),
+    stage = pp.Stage(stage_module.to(dev),
                              activation_shape=(2, hybrid.SMALL.seq_len, hybrid.SMALL.d_model))
     result = pp.run_schedule("1f1b", stage, idx.to(dev), targets.to(dev), n_microbatches=2,
                              loss_fn=models.lm_loss)

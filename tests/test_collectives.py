@@ -135,7 +135,7 @@ def reference_traffic() -> dict:
         mlp(x).sum().backward()
     line = dl.ProcessGrid(pp=2)
     model = models.TinyGPT(cfg)
-    stage = pp.PipelineStage(pp.split_pieces(model.pieces(), 2)[line.pp_rank], line.pp_group,
+    stage = pp.Stage(pp.split_pieces(model.pieces(), 2)[line.pp_rank], line.pp_group,
                              activation_shape=(b // 2, s, d))
     idx, targets = models.token_batch(b, s, cfg.vocab_size)
     with dl.trace() as t_pp:

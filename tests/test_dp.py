@@ -14,7 +14,7 @@ from torch import nn
 
 import dpmp_lab as dl
 from dpmp_lab.dp import DataParallel, ShardedOptimizer
-from dpmp_lab.models import TinyMLP, regression_batch, shard
+from dpmp_lab.models import TinyMLP, regression_batch, shard_batch
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -28,7 +28,7 @@ MODES = {"per-parameter": (0.0, True), "per-parameter, no overlap": (0.0, False)
 def my_shard(batch: torch.Tensor, rank: int | None = None, world: int | None = None):
     rank = dist.get_rank() if rank is None else rank
     world = dist.get_world_size() if world is None else world
-    return shard(batch, rank, world)
+    return shard_batch(batch, rank, world)
 
 
 def sgd_steps(model: nn.Module, data, steps: int, sync=lambda: None, lr: float = 0.1) -> None:
@@ -245,7 +245,7 @@ def quirky_reference(steps: int, world: int = 4) -> dict:
     x, y = quirky_data()
     for _ in range(steps):
         opt.zero_grad()
-        loss = sum(F.mse_loss(model(shard(x, r, world), use_extra=r % 2 == 0), shard(y, r, world))
+        loss = sum(F.mse_loss(model(shard_batch(x, r, world), use_extra=r % 2 == 0), shard_batch(y, r, world))
                    for r in range(world)) / world
         loss.backward()
         opt.step()
@@ -258,7 +258,7 @@ def quirky_reference(steps: int, world: int = 4) -> dict:
     for r in range(world):
         bn = Quirky(seed=0).bn
         for _ in range(steps):
-            bn(model.frozen(shard(x, r, world)))
+            bn(model.frozen(shard_batch(x, r, world)))
         buffers.append({f"buffer bn.{k}": b for k, b in bn.named_buffers()}
                        | {"buffer scale": torch.ones(8)})
     return {"common": ref, "buffers": buffers}

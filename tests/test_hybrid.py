@@ -22,7 +22,7 @@ STEPS = 3
 
 
 def expected_shard(full: torch.Tensor, dim: int | None, tp_rank: int, tp: int) -> torch.Tensor:
-    """The piece of a whole-model parameter that tp rank `tp_rank` holds (as tp.shard cuts)."""
+    """The piece of a whole-model parameter that tp rank `tp_rank` holds (as tp.shard_tensor cuts)."""
     return full if dim is None else full.chunk(tp, dim=dim)[tp_rank]
 
 

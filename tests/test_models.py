@@ -6,7 +6,15 @@ import pytest
 import torch
 
 import dpmp_lab as dl
-from dpmp_lab.models import GPTConfig, TinyGPT, TinyMLP, lm_loss, shard, shard_range, token_batch
+from dpmp_lab.models import (
+    GPTConfig,
+    TinyGPT,
+    TinyMLP,
+    lm_loss,
+    shard_batch,
+    shard_range,
+    token_batch,
+)
 
 
 def test_models_are_deterministic_and_leave_the_global_rng_alone():
@@ -61,9 +69,21 @@ def test_shards_are_disjoint_complete_and_balanced(n, world):
 
 def test_shard_matches_the_articles_and_refuses_uneven_batches():
     x = torch.arange(64)
-    assert [shard(x, r, 4).tolist()[0] for r in range(4)] == [0, 16, 32, 48]
-    assert all(len(shard(x, r, 4)) == 16 for r in range(4))
+    assert [shard_batch(x, r, 4).tolist()[0] for r in range(4)] == [0, 16, 32, 48]
+    assert all(len(shard_batch(x, r, 4)) == 16 for r in range(4))
     with pytest.raises(ValueError, match="does not split evenly over 4 ranks"):
-        shard(torch.arange(10), 0, 4)
-    assert len(shard(torch.arange(10), 0, 4, even=False)) == 3
+        shard_batch(torch.arange(10), 0, 4)
+    assert len(shard_batch(torch.arange(10), 0, 4, even=False)) == 3
     assert dl.models.regression_batch(8)[0].shape == (8, 16)
+
+
+def test_the_old_ambiguous_names_warn_and_lead_to_the_new_ones():
+    for module, old, new in ((dl.models, "shard", "shard_batch"), (dl.tp, "shard", "shard_tensor"),
+                             (dl.pp, "PipelineStage", "Stage")):
+        with pytest.warns(DeprecationWarning, match=f"is now dl.*{new}"):
+            assert getattr(module, old) is getattr(module, new)
+    with dl.check.references_off("models.shard_batch"), pytest.warns(DeprecationWarning):
+        with pytest.raises(dl.check.ReferenceSwitchedOff):   # the old name is switched off too
+            dl.models.shard(torch.arange(4), 0, 2)
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        dl.models.nothing  # noqa: B018

@@ -201,7 +201,7 @@ def pipelined_steps(kind: str, m: int, schedules: list[str]):
         x, y = x.double(), y.double()
         shape, loss_fn = (BATCH // m, 5), torch.nn.functional.mse_loss
     pieces = model.pieces() if kind == "gpt" else list(model.layers)
-    stage = pp.PipelineStage(pp.split_pieces(pieces, p)[rank], activation_shape=shape)
+    stage = pp.Stage(pp.split_pieces(pieces, p)[rank], activation_shape=shape)
     out = {}
     for name in schedules:
         model.zero_grad(set_to_none=True)
@@ -292,9 +292,9 @@ def dp_times_pp():
     m, half = 2, BATCH // 2
     model = models.TinyGPT(CFG, seed=0).double()
     x, y = models.token_batch(BATCH, CFG.seq_len, CFG.vocab_size, seed=1)
-    x, y = models.shard(x, grid.dp_rank, 2), models.shard(y, grid.dp_rank, 2)
+    x, y = models.shard_batch(x, grid.dp_rank, 2), models.shard_batch(y, grid.dp_rank, 2)
     module = pp.split_pieces(model.pieces(), 2)[grid.pp_rank]
-    stage = pp.PipelineStage(module, grid.pp_group,
+    stage = pp.Stage(module, grid.pp_group,
                              activation_shape=(half // m, CFG.seq_len, CFG.d_model))
     params = list(module.parameters())
     backward_marks: list[int] = []
@@ -342,7 +342,7 @@ def test_dp_times_pp_syncs_gradients_once_after_the_last_microbatch(warm):
 def refused_runs():
     """Mistakes every rank makes alike: each must fail on its own rank, before any send."""
     model = torch.nn.Linear(4, 4).double()
-    stage = pp.PipelineStage(model, activation_shape=(2, 4))
+    stage = pp.Stage(model, activation_shape=(2, 4))
     x = torch.randn(8, 4, dtype=torch.float64)
     messages = []
     attempts = [
@@ -354,7 +354,7 @@ def refused_runs():
         lambda: pp.run_schedule(pp.gpipe(2, 4), stage, x, x, n_microbatches=2,
                                 loss_fn=torch.nn.functional.mse_loss),
         lambda: pp.run_schedule("1f1b", model, x, x, n_microbatches=4),
-        lambda: pp.PipelineStage(model, activation_shape=(2, 0)),
+        lambda: pp.Stage(model, activation_shape=(2, 0)),
     ]
     for attempt in attempts:
         try:
@@ -367,14 +367,14 @@ def refused_runs():
 
 
 def wrong_activation_shape():
-    stage = pp.PipelineStage(torch.nn.Linear(4, 3), activation_shape=(2, 4))
+    stage = pp.Stage(torch.nn.Linear(4, 3), activation_shape=(2, 4))
     x = torch.randn(8, 4)
     pp.run_schedule("gpipe", stage, x, torch.randn(8, 4), n_microbatches=4,
                     loss_fn=torch.nn.functional.mse_loss)
 
 
 def missing_targets():
-    stage = pp.PipelineStage(torch.nn.Linear(4, 4), activation_shape=(2, 4))
+    stage = pp.Stage(torch.nn.Linear(4, 4), activation_shape=(2, 4))
     pp.run_schedule("gpipe", stage, torch.randn(8, 4), n_microbatches=4)
 
 
@@ -386,7 +386,7 @@ def test_bad_input_on_ranks_is_a_clear_error(warm):
     assert "the schedule has 3 stages but the pipeline group has 2 ranks" in stages
     assert "needs n_microbatches" in no_m
     assert "n_microbatches=2, but the schedule has 4" in m_differs
-    assert no_stage.startswith("TypeError: stage must be a PipelineStage")
+    assert no_stage.startswith("TypeError: stage must be a Stage")
     assert "activation_shape must be positive ints" in shape
     with pytest.raises(dl.LaunchError, match=r"rank 0 raised ValueError: stage 0 produced an "
                        r"activation of shape \(2, 3\)"):

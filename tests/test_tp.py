@@ -52,7 +52,7 @@ def _grad_errors(prefix: str, par: nn.Module, dense: nn.Module, group,
     dims = tp.sharding(par)
     assert set(dims) == set(dense_grads), (sorted(dims), sorted(dense_grads))
     for name, dim in dims.items():
-        want = dense_grads[name] if dim is None else tp.shard(dense_grads[name], group, dim)
+        want = dense_grads[name] if dim is None else tp.shard_tensor(dense_grads[name], group, dim)
         errs[f"{prefix} grad {name}"] = _err(par.get_parameter(name).grad, want)
 
 
@@ -100,36 +100,36 @@ def layer_checks(grid: dl.ProcessGrid):
     xl = _leaf(pieces[r])
     y = traced("gather_from_tp", lambda: tp.gather_from_tp_region(xl, g), w_cat)
     errs["gather_from_tp out"] = _err(y, torch.cat(list(pieces), dim=-1))
-    errs["gather_from_tp grad"] = _err(xl.grad, tp.shard(w_cat, g, -1))
+    errs["gather_from_tp grad"] = _err(xl.grad, tp.shard_tensor(w_cat, g, -1))
 
     xl = _leaf(x)
-    y = traced("scatter_to_tp", lambda: tp.scatter_to_tp_region(xl, g), tp.shard(w_out, g, -1))
-    errs["scatter_to_tp out"] = _err(y, tp.shard(x, g, -1))
+    y = traced("scatter_to_tp", lambda: tp.scatter_to_tp_region(xl, g), tp.shard_tensor(w_out, g, -1))
+    errs["scatter_to_tp out"] = _err(y, tp.shard_tensor(x, g, -1))
     errs["scatter_to_tp grad"] = _err(xl.grad, w_out)
 
-    xl = _leaf(tp.shard(x, g, 1))
+    xl = _leaf(tp.shard_tensor(x, g, 1))
     y = traced("gather_from_sequence", lambda: tp.gather_from_sequence_region(xl, g), parts[r])
     errs["gather_from_sequence out"] = _err(y, x)
-    errs["gather_from_sequence grad"] = _err(xl.grad, tp.shard(parts.sum(0), g, 1))
+    errs["gather_from_sequence grad"] = _err(xl.grad, tp.shard_tensor(parts.sum(0), g, 1))
 
     xl = _leaf(parts[r])
     y = traced("reduce_scatter_to_sequence",
-               lambda: tp.reduce_scatter_to_sequence_region(xl, g), tp.shard(w_out, g, 1))
-    errs["reduce_scatter_to_sequence out"] = _err(y, tp.shard(parts.sum(0), g, 1))
+               lambda: tp.reduce_scatter_to_sequence_region(xl, g), tp.shard_tensor(w_out, g, 1))
+    errs["reduce_scatter_to_sequence out"] = _err(y, tp.shard_tensor(parts.sum(0), g, 1))
     errs["reduce_scatter_to_sequence grad"] = _err(xl.grad, w_out)
 
     # sequence first, (seq, batch, hidden) as Megatron lays it out: dim=0
     seq_first = _randn(2 * tp_size, B, D, seed=7)
     weights = _randn(tp_size, 2 * tp_size, B, D, seed=8)
-    xl = _leaf(tp.shard(seq_first, g, 0))
+    xl = _leaf(tp.shard_tensor(seq_first, g, 0))
     y = tp.gather_from_sequence_region(xl, g, dim=0)
     (y * weights[r]).sum().backward()
     errs["gather_from_sequence dim=0 out"] = _err(y, seq_first)
-    errs["gather_from_sequence dim=0 grad"] = _err(xl.grad, tp.shard(weights.sum(0), g, 0))
+    errs["gather_from_sequence dim=0 grad"] = _err(xl.grad, tp.shard_tensor(weights.sum(0), g, 0))
     xl = _leaf(weights[r])
     y = tp.reduce_scatter_to_sequence_region(xl, g, dim=0)
-    (y * tp.shard(seq_first, g, 0)).sum().backward()
-    errs["reduce_scatter_to_sequence dim=0 out"] = _err(y, tp.shard(weights.sum(0), g, 0))
+    (y * tp.shard_tensor(seq_first, g, 0)).sum().backward()
+    errs["reduce_scatter_to_sequence dim=0 out"] = _err(y, tp.shard_tensor(weights.sum(0), g, 0))
     errs["reduce_scatter_to_sequence dim=0 grad"] = _err(xl.grad, seq_first)
 
     # ColumnParallelLinear without and with gather_output
@@ -142,8 +142,8 @@ def layer_checks(grid: dl.ProcessGrid):
         xd, xl = _leaf(x), _leaf(x)
         yd = dense(xd)
         (yd * w_ff).sum().backward()
-        y = traced(name, lambda par=par, xl=xl: par(xl), w_ff if gather else tp.shard(w_ff, g, -1))
-        errs[f"{name} out"] = _err(y, yd if gather else tp.shard(yd, g, -1))
+        y = traced(name, lambda par=par, xl=xl: par(xl), w_ff if gather else tp.shard_tensor(w_ff, g, -1))
+        errs[f"{name} out"] = _err(y, yd if gather else tp.shard_tensor(yd, g, -1))
         errs[f"{name} input grad"] = _err(xl.grad, xd.grad)
         _grad_errors(name, par, dense, g, errs)
 
@@ -155,12 +155,12 @@ def layer_checks(grid: dl.ProcessGrid):
         name = f"row input_is_parallel={parallel}"
         dense.zero_grad()
         par = tp.RowParallelLinear.from_dense(dense, g, input_is_parallel=parallel)
-        xd, xl = _leaf(xf), _leaf(tp.shard(xf, g, -1) if parallel else xf)
+        xd, xl = _leaf(xf), _leaf(tp.shard_tensor(xf, g, -1) if parallel else xf)
         yd = dense(xd)
         (yd * w_out).sum().backward()
         y = traced(name, lambda par=par, xl=xl: par(xl), w_out)
         errs[f"{name} out"] = _err(y, yd)
-        errs[f"{name} input grad"] = _err(xl.grad, tp.shard(xd.grad, g, -1) if parallel
+        errs[f"{name} input grad"] = _err(xl.grad, tp.shard_tensor(xd.grad, g, -1) if parallel
                                           else xd.grad)
         _grad_errors(name, par, dense, g, errs)
 
@@ -177,13 +177,13 @@ def layer_checks(grid: dl.ProcessGrid):
     # vocab-parallel cross entropy against F.cross_entropy on the whole logits
     logits = _randn(B, T, V, seed=14) * 3
     targets = (torch.arange(B * T).reshape(B, T) * 7 + 3) % V
-    ld, ll = _leaf(logits), _leaf(tp.shard(logits, g, -1))
+    ld, ll = _leaf(logits), _leaf(tp.shard_tensor(logits, g, -1))
     loss_d = models.lm_loss(ld, targets)
     loss_d.backward()
     loss = traced("cross_entropy", lambda: tp.vocab_parallel_cross_entropy(ll, targets, g), 1.0)
     errs["cross_entropy loss"] = _err(loss, loss_d)
-    errs["cross_entropy logits grad"] = _err(ll.grad, tp.shard(ld.grad, g, -1))
-    big = tp.shard(logits * 1e3, g, -1)   # stable where a plain exp would overflow
+    errs["cross_entropy logits grad"] = _err(ll.grad, tp.shard_tensor(ld.grad, g, -1))
+    big = tp.shard_tensor(logits * 1e3, g, -1)   # stable where a plain exp would overflow
     errs["cross_entropy large logits"] = _err(tp.vocab_parallel_cross_entropy(big, targets, g),
                                               models.lm_loss(logits * 1e3, targets))
 
@@ -215,7 +215,7 @@ def layer_checks(grid: dl.ProcessGrid):
         with models.seeded(20):
             dense_params = dict(make_dense().named_parameters())
         for pname, dim in tp.sharding(par).items():
-            want = dense_params[pname] if dim is None else tp.shard(dense_params[pname], g, dim)
+            want = dense_params[pname] if dim is None else tp.shard_tensor(dense_params[pname], g, dim)
             errs[f"scratch {name} {pname}"] = _err(par.get_parameter(pname).detach(),
                                                    want.detach())
     # from_dense draws nothing from torch's RNG
@@ -366,7 +366,7 @@ def gpt_checks():
             opt.zero_grad()
     dense_params = dict(dense.named_parameters())
     for name, dim in dims.items():
-        want = dense_params[name] if dim is None else tp.shard(dense_params[name], g, dim)
+        want = dense_params[name] if dim is None else tp.shard_tensor(dense_params[name], g, dim)
         errs[f"after {STEPS} AdamW steps: {name}"] = _err(par.get_parameter(name).detach(),
                                                           want.detach())
 
@@ -438,7 +438,7 @@ def bad_inputs():
         "scatter uneven": lambda: tp.scatter_to_tp_region(torch.ones(3, 5), g),
         "reduce_scatter uneven": lambda: tp.reduce_scatter_to_sequence_region(
             torch.ones(2, 3, 4), g),
-        "shard uneven": lambda: tp.shard(torch.ones(5), g, 0),
+        "shard uneven": lambda: tp.shard_tensor(torch.ones(5), g, 0),
         "sequence dim": lambda: tp.gather_from_sequence_region(torch.ones(2, 2, 2), g, dim=3),
         "column shape": lambda: col(torch.ones(2, 6)),
         "row shape": lambda: row(torch.ones(2, 8)),

@@ -2,7 +2,7 @@
 
     stages = pp.split_pieces(model.pieces(), n_stages=4)      # [embed, blocks..., head] cut in 4
     print(pp.one_f_one_b(4, 8))                               # who does what when, and the bubble
-    stage = pp.PipelineStage(stages[grid.pp_rank], grid.pp_group, activation_shape=(2, 16, 32))
+    stage = pp.Stage(stages[grid.pp_rank], grid.pp_group, activation_shape=(2, 16, 32))
     result = pp.run_schedule("1f1b", stage, idx, targets, n_microbatches=4, loss_fn=lm_loss)
 
 Each pipeline stage (a rank) holds a run of consecutive layers and talks only to its two
@@ -26,7 +26,10 @@ Two modules: pp.schedules, the plans (plain data, simulated on a time grid, no p
 needed), and pp.runner, which cuts a model into stages and runs a plan on real ranks.
 """
 
-from dpmp_lab.pp.runner import PipelineResult, PipelineStage, run_schedule, split_pieces
+import warnings
+from typing import Any
+
+from dpmp_lab.pp.runner import PipelineResult, Stage, run_schedule, split_pieces
 from dpmp_lab.pp.schedules import (
     SCHEDULES,
     Action,
@@ -41,6 +44,16 @@ from dpmp_lab.pp.schedules import (
     one_f_one_b,
 )
 
-__all__ = ["Action", "Bubble", "PipelineResult", "PipelineStage", "SCHEDULES", "Schedule",
+__all__ = ["Action", "Bubble", "PipelineResult", "Stage", "SCHEDULES", "Schedule",
            "Span", "bubble_fraction", "gpipe", "make_schedule", "measured_bubble", "naive",
            "one_f_one_b", "run_schedule", "split_pieces"]
+
+
+def __getattr__(name: str) -> Any:
+    # The old name, one release: torch.distributed.pipelining.PipelineStage is another class,
+    # built differently (submodule, stage_index, num_stages, device).
+    if name == "PipelineStage":
+        warnings.warn("dl.pp.PipelineStage is now dl.pp.Stage (torch's PipelineStage is a "
+                      "different class)", DeprecationWarning, stacklevel=2)
+        return globals()["Stage"]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

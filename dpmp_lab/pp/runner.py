@@ -1,7 +1,7 @@
 """Running a pipeline schedule on real ranks: cut the model into stages, one per rank, and let
 each stage run its part of the schedule, talking to its two neighbours.
 
-    stage = pp.PipelineStage(stages[grid.pp_rank], grid.pp_group, activation_shape=(2, 16, 32))
+    stage = pp.Stage(stages[grid.pp_rank], grid.pp_group, activation_shape=(2, 16, 32))
     result = pp.run_schedule("1f1b", stage, idx, targets, n_microbatches=4, loss_fn=lm_loss)
 
 run_schedule sends with isend and receives with blocking recv: in 1F1B's steady state two
@@ -65,13 +65,15 @@ def split_pieces(pieces: Sequence[nn.Module], n_stages: int,
 # -- running a schedule on real ranks ---------------------------------------------------------
 
 
-class PipelineStage:
+class Stage:
     """This rank's piece of the pipeline: its layers, its place, and its two neighbours.
 
     `pp_group`: the ranks of this pipeline in stage order (ProcessGrid's pp_group; None = the
     whole world). `activation_shape`: the shape of one micro-batch's activation passed between
     stages, e.g. (micro_batch, seq_len, d_model). As in Megatron and picotron every boundary
     carries that one shape, so a receiver can allocate its buffer without asking first.
+    (Not called PipelineStage: torch.distributed.pipelining.PipelineStage is another class,
+    built from a submodule, stage index, stage count and device.)
     """
 
     def __init__(self, module: nn.Module, pp_group: dist.ProcessGroup | None = None, *,
@@ -81,7 +83,7 @@ class PipelineStage:
             raise TypeError(f"the stage's module must be an nn.Module, not "
                             f"{type(module).__name__}")
         if not group_ready():
-            raise RuntimeError("a PipelineStage talks to other ranks, so it must be built "
+            raise RuntimeError("a Stage talks to other ranks, so it must be built "
                                "inside a rank (a function started by dl.launch)")
         shape = tuple(activation_shape)
         if not shape or not all(isinstance(d, int) and d >= 1 for d in shape):
@@ -137,7 +139,7 @@ class PipelineStage:
         return _Pending(dist.isend(payload, dst=dst, group=self.group, tag=microbatch), payload)
 
     def __repr__(self) -> str:
-        return (f"PipelineStage({self.index} of {self.n_stages}, ranks {self.ranks}, "
+        return (f"Stage({self.index} of {self.n_stages}, ranks {self.ranks}, "
                 f"activation {self.activation_shape})")
 
 
@@ -169,7 +171,7 @@ class PipelineResult:
         return sum(self.losses) / len(self.losses) if self.losses else None
 
 
-def run_schedule(schedule: Schedule | str, stage: PipelineStage,
+def run_schedule(schedule: Schedule | str, stage: Stage,
                  inputs: torch.Tensor | None = None, targets: torch.Tensor | None = None, *,
                  n_microbatches: int | None = None,
                  loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
@@ -187,8 +189,8 @@ def run_schedule(schedule: Schedule | str, stage: PipelineStage,
     data-parallel gradient all-reduce in DP x PP, which must wait for the gradients of every
     micro-batch (syncing per micro-batch would send m times the data for nothing).
     """
-    if not isinstance(stage, PipelineStage):
-        raise TypeError(f"stage must be a PipelineStage, not {type(stage).__name__}")
+    if not isinstance(stage, Stage):
+        raise TypeError(f"stage must be a Stage, not {type(stage).__name__}")
     if isinstance(schedule, str):
         if n_microbatches is None:
             raise ValueError(f"a schedule given by name ({schedule!r}) needs n_microbatches")

@@ -35,10 +35,13 @@ the group alike, as the replicated parameters (layer norms, biases after g) need
 With a group of one rank every region op is the identity and nothing is communicated.
 
 The modules, in reading order (the first three named as in Megatron-LM's tensor_parallel):
-tp.mappings (the tp group, shard() and the region ops: all the communication), tp.layers
+tp.mappings (the tp group, shard_tensor() and the region ops: all the communication), tp.layers
 (the sharded linear and embedding layers), tp.cross_entropy (the loss over vocab-sharded
 logits) and tp.gpt (Megatron's MLP and attention blocks, and parallelize_gpt for TinyGPT).
 """
+
+import warnings
+from typing import Any
 
 from dpmp_lab.tp.cross_entropy import vocab_parallel_cross_entropy
 from dpmp_lab.tp.gpt import (
@@ -56,11 +59,20 @@ from dpmp_lab.tp.mappings import (
     reduce_from_tp_region,
     reduce_scatter_to_sequence_region,
     scatter_to_tp_region,
-    shard,
+    shard_tensor,
 )
 
 __all__ = ["ColumnParallelLinear", "ParallelMLP", "ParallelSelfAttention", "RowParallelLinear",
            "VocabParallelEmbedding", "copy_to_tp_region", "gather_from_sequence_region",
            "gather_from_tp_region", "parallelize_gpt", "reduce_from_tp_region",
-           "reduce_scatter_to_sequence_region", "scatter_to_tp_region", "shard", "sharding",
+           "reduce_scatter_to_sequence_region", "scatter_to_tp_region", "shard_tensor", "sharding",
            "tp_lm_loss", "vocab_parallel_cross_entropy"]
+
+
+def __getattr__(name: str) -> Any:
+    # The old name, one release: `shard` also meant splitting a batch (now models.shard_batch).
+    if name == "shard":
+        warnings.warn("dl.tp.shard is now dl.tp.shard_tensor (this rank's slice of a weight; "
+                      "dl.models.shard_batch splits a batch)", DeprecationWarning, stacklevel=2)
+        return globals()["shard_tensor"]   # looked up now: references_off reaches it too
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -137,7 +137,7 @@ def parallelize_gpt(model: models.TinyGPT, group: dist.ProcessGroup,
 def sharding(model: nn.Module) -> dict[str, int | None]:
     """{parameter name: the dim it is split along over the tp group, or None if replicated}.
 
-    With shard(): `shard(dense_param, group, dim)` is what this rank holds of a dense model.
+    With shard_tensor(): `shard_tensor(dense_param, group, dim)` is what this rank holds of a dense model.
     """
     dims: dict[str, int | None] = {}
     for prefix, module in model.named_modules():

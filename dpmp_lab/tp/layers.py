@@ -28,7 +28,7 @@ from dpmp_lab.tp.mappings import (
     gather_from_tp_region,
     reduce_from_tp_region,
     scatter_to_tp_region,
-    shard,
+    shard_tensor,
 )
 
 
@@ -61,7 +61,7 @@ class _Sharded(_HoldsGroup):
             for name, param in self.named_parameters(recurse=False):
                 full = getattr(dense, name)
                 dim = self.split_dims.get(name)
-                piece = full if dim is None else shard(full, self.group, dim)
+                piece = full if dim is None else shard_tensor(full, self.group, dim)
                 if piece.shape != param.shape:
                     raise ValueError(f"{type(self).__name__}: the dense {name} of shape "
                                      f"{tuple(full.shape)} does not fit this layer's "

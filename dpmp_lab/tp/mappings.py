@@ -1,4 +1,4 @@
-"""Where tensor parallelism communicates: Megatron's region ops (its mappings.py), and shard().
+"""Where tensor parallelism communicates: Megatron's region ops (its mappings.py), and shard_tensor().
 
     y = reduce_from_tp_region(partial_y, group)    # g: all-reduce forward, identity backward
     x = copy_to_tp_region(x, group)                # f: identity forward, all-reduce backward
@@ -60,7 +60,7 @@ def _check_ids(ids: torch.Tensor, vocab: int, what: str) -> None:
                          f"to {int(ids.max())}")
 
 
-def shard(tensor: torch.Tensor, group: dist.ProcessGroup, dim: int) -> torch.Tensor:
+def shard_tensor(tensor: torch.Tensor, group: dist.ProcessGroup, dim: int) -> torch.Tensor:
     """This rank's contiguous slice of `tensor` along `dim` (rank r of the group gets slice r).
 
     What from_dense keeps of a dense weight, and what a test compares a shard's gradient with.
@@ -137,7 +137,7 @@ class _GatherFromTPRegion(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return shard(grad, ctx.group, -1), None
+        return shard_tensor(grad, ctx.group, -1), None
 
 
 class _ScatterToTPRegion(torch.autograd.Function):
@@ -146,7 +146,7 @@ class _ScatterToTPRegion(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
         ctx.group = group
-        return shard(x, group, -1)
+        return shard_tensor(x, group, -1)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:

@@ -39,9 +39,9 @@ VARIANTS = [
      "visible": ["shard_batch_tests"], "visible_says": ["should raise ValueError"]},
     {"name": "the library's shard used instead of one's own (switched off while graded)",
      "replace": _edit("shard_batch", ("return batch[rank * per_rank:(rank + 1) * per_rank]",
-                                      "return dl.models.shard(batch, rank, world_size)")),
+                                      "return dl.models.shard_batch(batch, rank, world_size)")),
      "loses": ["shard_batch_tests"],
-     "visible": ["shard_batch_tests"], "visible_says": ["dl.models.shard is switched off"]},
+     "visible": ["shard_batch_tests"], "visible_says": ["dl.models.shard_batch is switched off"]},
     # -- 2 broadcast_parameters -----------------------------------------------------------------
     {"name": "no broadcast at start: replicas keep their own initialisation",
      "replace": _edit("broadcast_parameters", ("dist.broadcast(p, src=src)", "pass")),

@@ -77,7 +77,7 @@ VARIANTS = [
          "    tp, i = dist.get_world_size(group), dist.get_rank(group)\n"
          "    width = W.shape[1] // tp\n"
          "    return W[:, i * width:(i + 1) * width].contiguous()",
-         "    return dl.tp.shard(W, group, dim=1)")),
+         "    return dl.tp.shard_tensor(W, group, dim=1)")),
      "loses": COLUMN, "visible": COLUMN, "visible_says": ["switched off"]},
     # -- Exercise 2: f and g. The MLP and the attention are tested with dl.tp's f and g, so
     # these lose Exercise 2's cells only (they used to cost Exercises 3 and 4 as well) --

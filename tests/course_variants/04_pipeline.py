@@ -117,7 +117,7 @@ SUM_NOT_AVERAGE = _edit("dp_pp", ("        flat /= grid.dp\n", ""))
 SYNC_EVERY_MICROBATCH = {"dp_pp": '''
 def dp_pp_step(grid, module, x, y, m):
     """Right numbers, but the gradients are all-reduced after every micro-batch."""
-    stage = dl.pp.PipelineStage(module, grid.pp_group,
+    stage = dl.pp.Stage(module, grid.pp_group,
                                 activation_shape=(x.shape[0] // m, HIDDEN))
     params = [q for q in module.parameters() if q.requires_grad]
     for xj, yj in zip(x.chunk(m), y.chunk(m)):
@@ -136,7 +136,7 @@ def dp_pp_step(grid, module, x, y, m):
 ONE_ALL_REDUCE_PER_PARAMETER = {"dp_pp": '''
 def dp_pp_step(grid, module, x, y, m):
     """Right numbers, one all-reduce per parameter tensor instead of one flat one."""
-    stage = dl.pp.PipelineStage(module, grid.pp_group,
+    stage = dl.pp.Stage(module, grid.pp_group,
                                 activation_shape=(x.shape[0] // m, HIDDEN))
     params = [q for q in module.parameters() if q.requires_grad]
 
@@ -157,7 +157,7 @@ DATAPARALLEL_FROM_THE_LIBRARY = {"dp_pp": '''
 def dp_pp_step(grid, module, x, y, m):
     """The library's DataParallel (no overlap: one sync when asked) around the stage."""
     replica = dl.dp.DataParallel(module, group=grid.dp_group, bucket_mb=1e6, overlap=False)
-    stage = dl.pp.PipelineStage(replica, grid.pp_group,
+    stage = dl.pp.Stage(replica, grid.pp_group,
                                 activation_shape=(x.shape[0] // m, HIDDEN))
     dl.pp.run_schedule("1f1b", stage, x, y, n_microbatches=m, loss_fn=F.mse_loss,
                        after_last_backward=replica.finish_gradient_sync)

@@ -133,8 +133,8 @@ def sync_gradients(model: torch.nn.Module, dp_group: dist.ProcessGroup) -> None:
 # -- exercise 3: the training step ---------------------------------------------------------------
 
 
-def _train(shard: str = "dl.models.shard(idx, dp_rank, dp)",
-           shard_targets: str = "dl.models.shard(targets, dp_rank, dp)",
+def _train(shard: str = "dl.models.shard_batch(idx, dp_rank, dp)",
+           shard_targets: str = "dl.models.shard_batch(targets, dp_rank, dp)",
            loss: str = "dl.tp.tp_lm_loss(model(idx), targets, tp_group)") -> str:
     return f'''
 def train_hybrid(dp_group, tp_group, steps: int = 3, seed: int = 0) -> dict:
@@ -160,8 +160,8 @@ def train_hybrid(dp_group, tp_group, steps: int = 3, seed: int = 0) -> dict:
 
 
 TRAIN_SHARDS_BY_GLOBAL_RANK = _train(
-    "dl.models.shard(idx, dist.get_rank(), dist.get_world_size())",
-    "dl.models.shard(targets, dist.get_rank(), dist.get_world_size())")
+    "dl.models.shard_batch(idx, dist.get_rank(), dist.get_world_size())",
+    "dl.models.shard_batch(targets, dist.get_rank(), dist.get_world_size())")
 TRAIN_WITHOUT_DATA_SPLIT = _train("idx", "targets")
 TRAIN_DENSE_LOSS_ON_SHARDS = _train(loss="dl.models.lm_loss(model(idx), targets)")
 
