@@ -510,6 +510,9 @@ def graded(tmp_path_factory) -> dict:
         except Exception as exc:   # reported by that assignment's tests, not by all of them
             return exc
 
+    for name in ASSIGNMENTS:   # parse the variants here: ast.parse in several threads at once
+        by_nbgrader(name)      # can fail on CPython 3.11 ("AST constructor recursion depth
+        in_one_kernel(name)    # mismatch"), and these are cached for the jobs
     jobs = ([("kernel", n) for n in sorted(ASSIGNMENTS, key=lambda n: -len(variants(n)))]
             + [("nbgrader", n, n) for n in ASSIGNMENTS]
             + [("learner", n, v) for n, v in learner_view_sample()])
