@@ -87,7 +87,17 @@ def _check_features(x: torch.Tensor, expected: int, who: str, hint: str = "") ->
                          f"{tuple(x.shape)}{hint}")
 
 
-class ColumnParallelLinear(_Sharded):
+class _ParallelLinear(_Sharded):
+    """What column- and row-parallel layers share: their shard is cut from a dense nn.Linear."""
+
+    def reset_parameters(self) -> None:
+        """Draw the dense nn.Linear from torch's RNG and keep this rank's shard (its rows when
+        column-parallel, its columns when row-parallel)."""
+        self.load_dense(nn.Linear(self.in_features, self.out_features, self.bias is not None,
+                                  device=self.weight.device, dtype=self.weight.dtype))
+
+
+class ColumnParallelLinear(_ParallelLinear):
     """y = x A^T + b with A split by rows (output features): rank r computes its slice of y.
 
     Weight shard (out_features/tp, in_features), bias shard (out_features/tp,).
@@ -113,11 +123,6 @@ class ColumnParallelLinear(_Sharded):
         if self.weight.device.type != "meta":
             self.reset_parameters()
 
-    def reset_parameters(self) -> None:
-        """Draw the dense nn.Linear from torch's RNG and keep this rank's rows."""
-        self.load_dense(nn.Linear(self.in_features, self.out_features, self.bias is not None,
-                                  device=self.weight.device, dtype=self.weight.dtype))
-
     @classmethod
     def from_dense(cls, dense: nn.Linear, group: dist.ProcessGroup,
                    gather_output: bool = False) -> ColumnParallelLinear:
@@ -139,7 +144,7 @@ class ColumnParallelLinear(_Sharded):
                 f"gather_output={self.gather_output}")
 
 
-class RowParallelLinear(_Sharded):
+class RowParallelLinear(_ParallelLinear):
     """y = x A^T + b with A split by columns (input features): rank r multiplies its slice of x
     by its columns, giving a partial sum of the whole y.
 
@@ -166,11 +171,6 @@ class RowParallelLinear(_Sharded):
             if bias else None
         if self.weight.device.type != "meta":
             self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        """Draw the dense nn.Linear from torch's RNG and keep this rank's columns."""
-        self.load_dense(nn.Linear(self.in_features, self.out_features, self.bias is not None,
-                                  device=self.weight.device, dtype=self.weight.dtype))
 
     @classmethod
     def from_dense(cls, dense: nn.Linear, group: dist.ProcessGroup,
