@@ -233,7 +233,7 @@ class FullyShardedDataParallel(nn.Module):
         self._hooked: dict[nn.Module, list[_Unit]] = {}
         sharded: dict[int, _Unit] = {id(p): by_name[owner[id(p)]]
                                      for p in _unique_params(module) if owner.get(id(p)) in by_name}
-        replicated: list[nn.Parameter] = []
+        whole: list[nn.Parameter] = []            # replicated and frozen: not sharded
         for mod_name, mod in module.named_modules():
             for attr, p in list(mod._parameters.items()):
                 if p is None:
@@ -245,14 +245,16 @@ class FullyShardedDataParallel(nn.Module):
                     self._hooked.setdefault(hook_mod, [])
                     if unit not in self._hooked[hook_mod]:
                         self._hooked[hook_mod].append(unit)
-                elif not p.requires_grad and compute_dtype is not None:
+                elif all(p is not q for q in whole):
+                    whole.append(p)
+        self._replicated = [p for p in whole if p.requires_grad]
+        with torch.no_grad():     # replicas start identical, as the units' shards do
+            for t in [*whole, *module.buffers()]:
+                dist.broadcast(t.data, src=_first_rank(self.group), group=self.group)
+        if compute_dtype is not None:
+            for p in whole:
+                if not p.requires_grad:
                     p.data = p.data.to(compute_dtype)
-                elif p.requires_grad and all(p is not q for q in replicated):
-                    replicated.append(p)
-        self._replicated = replicated
-        with torch.no_grad():
-            for p in replicated:
-                dist.broadcast(p.data, src=_first_rank(self.group), group=self.group)
         self._slot_owner: dict[int, nn.Module] = {}
         for hook_mod, units_ in self._hooked.items():
             for unit in units_:
