@@ -250,3 +250,61 @@ def test_bad_input_says_what_is_wrong(warm):
     assert "no sub-module named 'nope'" in errors[0] and "layers.0" in errors[0]
     assert "compute_dtype must be a floating torch.dtype" in errors[1]
     assert "units must be sub-module names or modules" in errors[2]
+
+
+# -- the three stages side by side ----------------------------------------------------------------
+
+
+def three_stages():
+    """ZeRO-1, ZeRO-2 and ZeRO-3 (FSDP) on the same model and data: the same numbers as one
+    process, different communication and different gradient bytes held after backward."""
+    x = torch.randn(8, 5, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    ref = _seeded(Stack, 0).double()
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.2, momentum=0.9)
+    out = {}
+    for stage in (1, 2, 3):
+        model = _seeded(Stack, dist.get_rank()).double()
+        if stage == 3:
+            model = FullyShardedDataParallel(model)
+            opt = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
+        else:
+            opt = dl.dp.ShardedOptimizer(model.parameters(), torch.optim.SGD, stage=stage,
+                                         lr=0.2, momentum=0.9)
+        for _ in range(2):
+            with dl.trace() as t:
+                model(mine(x)).pow(2).mean().backward()
+                if stage == 3:
+                    model.finish_gradient_sync()
+                grads = sum(p.grad.numel() for p in model.parameters() if p.grad is not None)
+                if stage == 2:
+                    grads += opt._shard_grad.numel()
+                opt.step()
+            opt.zero_grad()
+        params = model.full_parameters() if stage == 3 else {
+            k: v.detach() for k, v in model.named_parameters()}
+        out[stage] = (params, {(e.op, e.phase): t.count(e.op, phase=e.phase or "none")
+                               for e in t.events}, grads)
+    for _ in range(2):
+        ref(x).pow(2).mean().backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+    return out, {k: v.detach() for k, v in ref.named_parameters()}
+
+
+def test_zero_1_2_3_line_up(warm):
+    res = dl.launch(three_stages, world_size=2, stream=False)
+    numel = 36 + 49 + 40
+    for out, ref in res.values:
+        for stage, (params, _, _) in out.items():
+            for name in ref:
+                torch.testing.assert_close(params[name], ref[name], rtol=0, atol=1e-12,
+                                           msg=lambda m, s=stage: f"stage {s}: {m}")
+        assert out[1][1] == {("reduce_scatter", None): 1, ("all_gather", None): 1}
+        assert out[2][1] == {("reduce_scatter", "backward"): 6, ("all_gather", None): 1}
+        assert out[3][1] == {("all_gather", "forward"): 3, ("all_gather", "backward"): 3,
+                             ("reduce_scatter", "backward"): 3}
+        # gradient elements held when backward is done: all of them, then this rank's shards
+        assert out[1][2] == numel
+        # stage 2 pads each tensor to 2 chunks: weights 30, 42, 35 and biases 6, 7, 5 elements
+        assert out[2][2] == sum(-(-n // 2) for n in (30, 6, 42, 7, 35, 5)) == 64
+        assert out[3][2] == 18 + 25 + 20
