@@ -37,6 +37,10 @@ other module gathers that unit too, so a tied unit is gathered and reduced once 
 prefetch=True issues the next unit's all-gather (async) as soon as the current one is done, in
 forward order in forward and reversed in backward (the order of the first forward), so it
 travels while the current unit computes. It changes when calls are issued, not how many.
+
+Why it stays whole: a unit, its autograd function and the hooks that drive them share one small
+state machine (gathered, in flight, backward uses pending); split over files, a reader would
+chase one unit's life from module to module.
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ class _Slot:
     name: str
     offset: int
     shape: torch.Size
+    hook: nn.Module        # the module whose forward gathers it (the unit's, or a tied user)
 
 
 class _Unit:
@@ -241,7 +246,7 @@ class FullyShardedDataParallel(nn.Module):
                 if id(p) in sharded:
                     unit = sharded[id(p)]
                     hook_mod = _hook_module(module, unit.name, mod_name, mod)
-                    unit.slots.append(_Slot(mod, attr, unit.offsets[id(p)], p.shape))
+                    unit.slots.append(_Slot(mod, attr, unit.offsets[id(p)], p.shape, hook_mod))
                     self._hooked.setdefault(hook_mod, [])
                     if unit not in self._hooked[hook_mod]:
                         self._hooked[hook_mod].append(unit)
@@ -255,12 +260,6 @@ class FullyShardedDataParallel(nn.Module):
             for p in whole:
                 if not p.requires_grad:
                     p.data = p.data.to(compute_dtype)
-        self._slot_owner: dict[int, nn.Module] = {}
-        for hook_mod, units_ in self._hooked.items():
-            for unit in units_:
-                for slot in unit.slots:
-                    if _inside(hook_mod, slot.module):
-                        self._slot_owner.setdefault(id(slot), hook_mod)
         for unit in self._units:
             unit.full.untyped_storage().resize_(unit.padded * unit.full.element_size())
             for slot in unit.slots:      # outside forward: views without data (storage freed)
@@ -348,7 +347,7 @@ class FullyShardedDataParallel(nn.Module):
             if full.requires_grad:
                 unit.pending_backward += 1
             for slot in unit.slots:
-                if self._slot_owner.get(id(slot)) is module:
+                if slot.hook is module:
                     setattr(slot.module, slot.name, _view(full, slot))
             if self.prefetch and unit.home is module:
                 self._prefetch(unit, +1)

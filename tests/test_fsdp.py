@@ -308,3 +308,46 @@ def test_zero_1_2_3_line_up(warm):
         # stage 2 pads each tensor to 2 chunks: weights 30, 42, 35 and biases 6, 7, 5 elements
         assert out[2][2] == sum(-(-n // 2) for n in (30, 6, 42, 7, 35, 5)) == 64
         assert out[3][2] == 18 + 25 + 20
+
+
+# -- memory, measured -----------------------------------------------------------------------------
+
+
+def footprints():
+    x = torch.randn(8, 5, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    out = {}
+    for stage in (0, 3):
+        model = _seeded(Stack, 0).double()
+        if stage == 3:
+            model = FullyShardedDataParallel(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+        with dl.footprint.record(model, opt) as fp:
+            model(mine(x)).pow(2).mean().backward()
+            fp.mark("after backward")
+            opt.step()
+            fp.mark("after step")
+        out[stage] = fp
+    return out
+
+
+def test_footprint_measures_what_the_formulas_say(warm):
+    res = dl.launch(footprints, world_size=2, stream=False)
+    for out in res.values:
+        plain, fsdp = out[0], out[3]
+        n = 36 + 49 + 40
+        formula = dl.cost.memory(n, dp=1, precision="fp32")
+        assert plain.peak("params") == 8 * n == 2 * formula.params   # fp64: twice fp32's bytes
+        assert plain.samples[-1].grads == 8 * n
+        assert plain.samples[-1].optimizer == 2 * 8 * n + 6 * 4     # two moments, 6 step counters
+        shards = 18 + 25 + 20
+        assert fsdp.samples[0].params == 8 * shards and fsdp.samples[0].grads == 0
+        # the shards plus the largest unit, gathered whole: Linear(6, 7) padded to 50 elements
+        assert fsdp.peak("params") == 8 * shards + 8 * 50 == dl.cost.fsdp_peak_param_bytes(
+            2 * shards, 2, 50, master=torch.float64)
+        moments = [s.moment for s in fsdp.samples]
+        assert moments[:3] == ["start", "layers.0 forward begins", "layers.0 forward ends"]
+        assert fsdp.samples[1].params == 8 * shards + 8 * 36        # layers.0 gathered
+        assert fsdp.samples[3].params == 8 * shards + 8 * 50        # freed, layers.1 gathered
+        assert fsdp.samples[-1].optimizer == 2 * 8 * shards + 3 * 4
+        assert "layers.1 forward begins" in str(fsdp.picture(formula))
+        assert "<svg" in fsdp.picture(formula)._repr_svg_()
