@@ -123,7 +123,7 @@ class _Unit:
         # their data: it puts back the very values they were saved with. The version is
         # restored after the wait, because gloo writes the gathered chunks from its own thread.
         self._keep = torch.autograd._unsafe_preserve_version_counter(self.full)
-        self.work = dist.all_gather_into_tensor(self.full, src, group=self.group,
+        self.work = dist.all_gather_single(self.full, src, group=self.group,
                                                 async_op=True)
         self._src = src                             # keep the input alive until the wait
 
@@ -151,8 +151,8 @@ class _Unit:
             torch.float16, torch.bfloat16)
         if low:
             grad = grad / self.size                 # divide first: a SUM in fp16 can overflow
-        out = torch.empty(self.shard_size, dtype=self.reduce_dtype, device=grad.device)
-        dist.reduce_scatter_tensor(out, grad, op=dist.ReduceOp.SUM, group=self.group)
+        out = torch.empty(self.shard_size, dtype=self.reduce_dtype, device=self.shard.device)
+        dist.reduce_scatter_single(out, grad, op=dist.ReduceOp.SUM, group=self.group)
         if not low:
             out = out / self.size
         return out.to(self.master_dtype)
@@ -317,7 +317,7 @@ class FullyShardedDataParallel(nn.Module):
         out: dict[str, torch.Tensor] = {}
         for unit in self._units:
             flat = torch.empty(unit.padded, dtype=unit.master_dtype, device=unit.shard.device)
-            dist.all_gather_into_tensor(flat, unit.shard.detach(), group=self.group)
+            dist.all_gather_single(flat, unit.shard.detach(), group=self.group)
             for name, offset, shape in unit.layout:
                 out[name] = flat[offset:offset + shape.numel()].view(shape).clone()
         for name, p in self.module.named_parameters():

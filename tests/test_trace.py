@@ -246,7 +246,7 @@ def gather_in_pre_forward_hook(module, args):
     """What a learner's FSDP unit does: all-gather under no_grad before the module runs."""
     with torch.no_grad():
         out = torch.empty(2 * dist.get_world_size())
-        dist.all_gather_into_tensor(out, torch.ones(2))
+        dist.all_gather_single(out, torch.ones(2))
 
 
 def module_phases():
@@ -260,7 +260,7 @@ def module_phases():
     with dl.trace() as t:
         with torch.no_grad():
             layer(torch.randn(1, 3))                       # forward: inside a module
-            dist.all_gather_into_tensor(torch.empty(2 * dist.get_world_size()), torch.ones(2))
+            dist.all_gather_single(torch.empty(2 * dist.get_world_size()), torch.ones(2))
         model(x).sum().backward()                          # FSDP2: gathers under no_grad
     try:
         with dl.trace(), torch.no_grad():

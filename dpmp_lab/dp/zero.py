@@ -121,8 +121,8 @@ class ShardedOptimizer:
             c, n = self.chunks[i], self.group_size
             with torch.no_grad():
                 full = nn.functional.pad(p.grad.reshape(-1), (0, c * n - p.numel()))
-                mine = torch.empty(c, dtype=full.dtype, device=full.device)
-                dist.reduce_scatter_tensor(mine, full, op=dist.ReduceOp.SUM, group=self.group)
+                mine = torch.empty(c, dtype=full.dtype, device=self.shard.device)
+                dist.reduce_scatter_single(mine, full, op=dist.ReduceOp.SUM, group=self.group)
                 if self._shard_grad is None:
                     self._shard_grad = torch.zeros_like(self.shard)
                 o = self.chunk_offsets[i]
