@@ -121,11 +121,10 @@ VARIANTS = [
                "        (grad_x,) = torch.autograd.grad(y, (x,), grad_y)\n"
                "        return None, grad_x")),
            "loses": _CKPT, "visible_says": ["got no gradient"]}),
-    {"name": "right: torch's own checkpoint inside the function",
+    {"name": "right: a fresh leaf by clone, and y.backward",
      "replace": _edit("checkpoint", (
-         "        with torch.enable_grad():\n            y = ctx.block(x)\n",
-         "        with torch.enable_grad():\n"
-         "            y = torch.utils.checkpoint.checkpoint(ctx.block, x, use_reentrant=False)\n")),
+         "x = x.detach().requires_grad_(True)", "x = x.clone().requires_grad_(True)"), (
+         "torch.autograd.backward(y, grad_y)", "y.backward(grad_y)")),
      "loses": []},
     # -- predictions and recall (their visible tests check the format only) ------------------------
     {"name": "prediction: only the shards, as dl.cost.memory(zero=3) counts",
