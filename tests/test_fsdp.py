@@ -3,6 +3,8 @@ torch's FSDP2 fully_shard on the same model, and by its exact communication per 
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -115,6 +117,8 @@ def counted_steps(reshard: bool, prefetch: bool):
                                      prefetch=prefetch)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x = torch.randn(8, 5, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    first_done = []
+    model.module.layers[0].register_forward_hook(lambda *a: first_done.append(time.perf_counter()))
     out = []
     for _ in range(2):
         with dl.trace() as t:
@@ -124,13 +128,16 @@ def counted_steps(reshard: bool, prefetch: bool):
         opt.zero_grad()
         out.append(t)
     shards = [u.shard_size for u in model._units]
-    return out, shards, model.memory()
+    # was the second layer's gather issued before the first layer's forward was over?
+    early = t.select("all_gather", phase="forward")[1].time < first_done[-1]
+    return out, shards, model.memory(), early
 
 
 @pytest.mark.parametrize("reshard,prefetch", [(True, False), (True, True), (False, False)])
 def test_exact_collectives_per_unit_and_phase(warm, reshard, prefetch):
     res = dl.launch(counted_steps, reshard, prefetch, world_size=2, stream=False)
-    for traces, shards, memory in res.values:
+    for traces, shards, memory, early in res.values:
+        assert early == prefetch          # prefetch issues the next unit's gather ahead
         # Linear(5,6): 36 elements -> shards of 18; Linear(6,7): 49 -> 25 (padded); 7->5: 40
         assert shards == [18, 25, 20]
         for t in traces:
