@@ -249,6 +249,10 @@ def bad_input():
             FullyShardedDataParallel(Stack(), **kwargs)
         except (ValueError, TypeError) as exc:
             errors.append(str(exc))
+    try:
+        dl.dp.ShardedOptimizer(Stack().parameters(), stage=3)
+    except ValueError as exc:
+        errors.append(str(exc))
     return errors
 
 
@@ -257,6 +261,7 @@ def test_bad_input_says_what_is_wrong(warm):
     assert "no sub-module named 'nope'" in errors[0] and "layers.0" in errors[0]
     assert "compute_dtype must be a floating torch.dtype" in errors[1]
     assert "units must be sub-module names or modules" in errors[2]
+    assert "Stage 3 shards the parameters" in errors[3] and "FullyShardedDataParallel" in errors[3]
 
 
 # -- the three stages side by side ----------------------------------------------------------------
