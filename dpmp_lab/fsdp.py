@@ -32,7 +32,8 @@ norms) stay whole on every rank in their own dtype; finish_gradient_sync() all-r
 gradients (SUM, then / N). Frozen parameters (requires_grad=False) stay whole too: they need no
 gradient and no optimizer state; under compute_dtype they are cast to it once. A parameter tied
 between modules (an embedding and an output head) lives in the first unit holding it; the
-other module gathers that unit too, so a tied unit is gathered and reduced once per use.
+other module gathers that unit too, so a tied unit is gathered in forward and reduce-scattered
+once per use (in backward it is gathered again only if a reduce-scatter freed it meanwhile).
 
 prefetch=True issues the next unit's all-gather (async) as soon as the current one is done, in
 forward order in forward and reversed in backward (the order of the first forward), so it
