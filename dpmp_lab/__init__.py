@@ -7,6 +7,8 @@
     dl.check.comm(res, {...})             # grading: numbers and communication
 """
 
+import dpmp_lab.footprint as footprint
+import dpmp_lab.fsdp as fsdp
 from dpmp_lab import check, collectives, cost, dp, hybrid, integrity, models, pp, starting, tp, viz
 from dpmp_lab.compat import provide_new_collective_names
 from dpmp_lab.grid import GridLayout, ProcessGrid
@@ -41,6 +43,8 @@ __all__ = [
     "cost",
     "device",
     "dp",
+    "footprint",
+    "fsdp",
     "hybrid",
     "integrity",
     "launch",

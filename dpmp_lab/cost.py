@@ -142,6 +142,18 @@ def memory(n_params: float, *, dp: int = 1, tp: int = 1, pp: int = 1, zero: int 
                   optimizer=share * o / (dp if zero >= 1 else 1))
 
 
-__all__ = ["Memory", "all_gather_bytes", "dp_gradient_bytes", "memory", "pp_activation_bytes",
+def fsdp_peak_param_bytes(n_params: float, dp: int, largest_unit: float, *,
+                          master: torch.dtype = torch.float32,
+                          compute: torch.dtype | None = None, gathered: int = 1) -> float:
+    """Peak parameter bytes per rank under FSDP (ZeRO-3): the 1/dp shard of every weight in the
+    master dtype, plus `gathered` units held whole at once in the compute dtype (1 without
+    prefetch, 2 with it). `memory(..., zero=3)` counts only the first term; the second is the
+    price of computing with whole weights. Padding to a multiple of dp is left out."""
+    whole_number("dp", dp, what="dp must be a whole number of ranks >= 1")
+    compute = compute or master
+    return n_params / dp * master.itemsize + gathered * largest_unit * compute.itemsize
+
+
+__all__ = ["Memory", "fsdp_peak_param_bytes", "all_gather_bytes", "dp_gradient_bytes", "memory", "pp_activation_bytes",
            "reduce_scatter_bytes", "ring_all_reduce_bytes", "tensor_bytes",
            "tp_activation_bytes"]

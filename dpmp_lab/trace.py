@@ -23,9 +23,11 @@ What a CommEvent says:
 - nbytes: the payload of the call on this rank: the tensors it passes in (for all_gather its
   shard, for reduce_scatter and all_to_all the whole input, for broadcast the tensor on every
   rank) and, for a recv, the buffer it receives into. A barrier has 0.
-- phase: "backward" when issued inside autograd's backward; "forward" while autograd records a
-  graph (grad mode on and an input requires grad, or inside an autograd.Function's forward
-  whose inputs need grad); None otherwise, e.g. a gradient all-reduce after backward returned.
+- phase: "backward" when issued inside autograd's backward; "forward" while an nn.Module's
+  forward runs (whatever the grad mode: FSDP gathers parameters under no_grad in a pre-forward
+  hook, which counts as part of that forward) or while autograd records a graph (grad mode on
+  and an input requires grad, or inside an autograd.Function's forward whose inputs need
+  grad); None otherwise, e.g. a gradient all-reduce after backward returned.
 - async_op: the caller gets a Work handle back instead of waiting (async_op=True, isend/irecv,
   DDP's bucketed all-reduces, functional collectives).
 - peer: the other global rank of a send or recv, the root of broadcast/reduce/gather/scatter.
@@ -325,6 +327,7 @@ class _Recorder:
         self.lock = threading.Lock()
         self.library: Any = None
         self.groups: dict[str, tuple[int, ...]] = {}
+        self.module_hooks: list[Any] = []
 
     def start(self, t: Trace) -> None:
         with self.lock:
@@ -350,11 +353,15 @@ class _Recorder:
         if self.library is None:
             self.groups = {}   # group names can be reused after a group is destroyed
             self.library = _install_kernels(self)
+            self.module_hooks = _install_module_hooks()
 
     def _uninstall_if_idle(self) -> None:
         if not self.active and not self.watchers and self.library is not None:
             self.library._destroy()
             self.library = None
+            for handle in self.module_hooks:
+                handle.remove()
+            self.module_hooks = []
 
     def on_call(self, name: str, schema_args: list[str], args: tuple, kwargs: dict) -> None:
         """Every c10d op passes here before it runs: watchers first (they may refuse the call
@@ -471,11 +478,30 @@ def _flatten(value: Any) -> Iterable[torch.Tensor]:
 # -- phase ----------------------------------------------------------------------------------------
 
 _APPLY_CODE = torch.autograd.function.Function.apply.__func__.__code__
+_in_module = threading.local()   # .depth: how many nn.Module forwards run now, in this thread
+
+
+def _install_module_hooks() -> list[Any]:
+    """Global hooks that count running module forwards. Global pre-hooks run before a module's
+    own (FSDP's all-gather lives there) and global forward hooks before its own post-hooks;
+    always_call keeps the count right when a forward raises."""
+    def enter(module: torch.nn.Module, args: Any) -> None:
+        _in_module.depth = getattr(_in_module, "depth", 0) + 1
+
+    def leave(module: torch.nn.Module, args: Any, output: Any) -> None:
+        # max: a trace started inside a forward sees that forward end, never its start
+        _in_module.depth = max(getattr(_in_module, "depth", 0) - 1, 0)
+
+    _in_module.depth = 0
+    return [torch.nn.modules.module.register_module_forward_pre_hook(enter),
+            torch.nn.modules.module.register_module_forward_hook(leave, always_call=True)]
 
 
 def _phase(tensors: list[torch.Tensor]) -> str | None:
     if torch._C._current_graph_task_id() != -1:
         return "backward"
+    if getattr(_in_module, "depth", 0) > 0:
+        return "forward"
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return "forward"
     if _in_recording_function():

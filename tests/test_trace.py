@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
 
 import dpmp_lab as dl
 
@@ -239,6 +240,53 @@ def test_phase_is_forward_backward_or_none(warm):
     assert res[0] == [("all_reduce", "forward"), ("all_gather", "forward"),
                       ("all_reduce", "backward"), ("all_reduce", None), ("all_reduce", None),
                       ("all_reduce", "backward")]
+
+
+def gather_in_pre_forward_hook(module, args):
+    """What a learner's FSDP unit does: all-gather under no_grad before the module runs."""
+    with torch.no_grad():
+        out = torch.empty(2 * dist.get_world_size())
+        dist.all_gather_single(out, torch.ones(2))
+
+
+def module_phases():
+    layer = torch.nn.Linear(3, 3)
+    layer.register_forward_pre_hook(gather_in_pre_forward_hook)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+    for sub in model:
+        fully_shard(sub)
+    fully_shard(model)
+    x = torch.randn(2, 4)
+    with dl.trace() as t:
+        with torch.no_grad():
+            layer(torch.randn(1, 3))                       # forward: inside a module
+            dist.all_gather_single(torch.empty(2 * dist.get_world_size()), torch.ones(2))
+        model(x).sum().backward()                          # FSDP2: gathers under no_grad
+    try:
+        with dl.trace(), torch.no_grad():
+            torch.nn.Sequential(torch.nn.Linear(1, 1), _Raises())(torch.ones(1))
+    except RuntimeError:
+        pass
+    with dl.trace() as after:                              # a forward that raised left
+        dist.all_reduce(torch.ones(1))                     # no phase behind
+    return [(e.op, e.phase) for e in t.events], [e.phase for e in after.events]
+
+
+class _Raises(torch.nn.Module):
+    def forward(self, x):
+        raise RuntimeError("boom")
+
+
+def test_communication_inside_a_module_forward_is_forward_whatever_the_grad_mode(warm):
+    res = dl.launch(module_phases, world_size=2, stream=False)
+    for events, after in res.values:
+        assert events[:2] == [("all_gather", "forward"), ("all_gather", None)]
+        fsdp = events[2:]
+        assert fsdp.count(("all_gather", "forward")) == 2       # one per fully_shard'ed layer
+        assert fsdp.count(("all_gather", "backward")) == 2
+        assert fsdp.count(("reduce_scatter", "backward")) == 2
+        assert len(fsdp) == 6
+        assert after == [None]
 
 
 def traced_work(extra: int):

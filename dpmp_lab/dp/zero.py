@@ -1,10 +1,17 @@
-"""ZeRO stage 1 (ShardedOptimizer): each rank keeps optimizer state for 1/N of the parameters.
+"""ZeRO stages 1 and 2 (ShardedOptimizer): each rank keeps optimizer state (and, in stage 2,
+gradients) for 1/N of the parameters.
 
 The gradients are reduce-scattered instead of all-reduced, so each rank gets the averaged
 gradient of its own 1/N of the parameters, keeps optimizer state (AdamW's two moments: twice
 the parameters) only for that shard, updates it, and all-gathers the updated shards. Same
 traffic as an all-reduce (which is a reduce-scatter plus an all-gather; gloo emulates
 reduce-scatter with an all-reduce, nccl does not), 1/N of the optimizer memory.
+
+Stage 2 also drops the gradients a rank does not own: a hook reduce-scatters each parameter's
+gradient as soon as backward has produced it, adds this rank's 1/N to its gradient shard and
+frees p.grad, so a full set of gradients never exists after backward. Each parameter is cut
+into N chunks of its own (padded), so one parameter's reduce-scatter needs no other; rank r's
+shard is chunk r of every parameter. Stage 3 also shards the parameters: dpmp_lab.fsdp.
 """
 
 from __future__ import annotations
@@ -26,6 +33,9 @@ class ShardedOptimizer:
                      class averages the gradients itself.
     optimizer_cls:   the optimizer run on this rank's shard, e.g. torch.optim.AdamW.
     group:           the data-parallel ranks (None: every rank).
+    stage:           1: reduce-scatter the gradients in step(); 2: reduce-scatter each
+                     gradient in backward and keep only this rank's shard of it (every
+                     trainable parameter must then get a gradient in every backward).
     optimizer_kwargs: passed on, e.g. lr=1e-3, weight_decay=0.01.
 
     The parameters are flattened into one vector, padded to a multiple of the group size N and
@@ -39,7 +49,13 @@ class ShardedOptimizer:
 
     def __init__(self, params: Iterable[torch.Tensor],
                  optimizer_cls: type[torch.optim.Optimizer] = torch.optim.AdamW,
-                 group: dist.ProcessGroup | None = None, **optimizer_kwargs: Any):
+                 group: dist.ProcessGroup | None = None, *, stage: int = 1,
+                 **optimizer_kwargs: Any):
+        if stage not in (1, 2):
+            raise ValueError(f"stage must be 1 (optimizer state sharded) or 2 (gradients too); "
+                             f"got {stage!r}. Stage 3 shards the parameters: "
+                             "dpmp_lab.fsdp.FullyShardedDataParallel")
+        self.stage = stage
         if not (isinstance(optimizer_cls, type) and issubclass(optimizer_cls,
                                                                 torch.optim.Optimizer)):
             raise TypeError(f"optimizer_cls must be a torch.optim.Optimizer class such as "
@@ -77,7 +93,43 @@ class ShardedOptimizer:
             self._unpack_params()
         lo = self.group_rank * self.shard_size
         self.shard = nn.Parameter(self._flat_params[lo:lo + self.shard_size].clone())
+        self._hooks: list[Any] = []
+        if stage == 2:
+            self._stage2_layout()
         self.optimizer = optimizer_cls([self.shard], **optimizer_kwargs)
+
+    def _stage2_layout(self) -> None:
+        """Chunk r of every parameter (each padded to N chunks) is rank r's shard; the
+        full-size flat buffers of stage 1 are not kept."""
+        n, r = self.group_size, self.group_rank
+        self.chunks = [-(-p.numel() // n) for p in self.params]
+        self.chunk_offsets = [sum(self.chunks[:i]) for i in range(len(self.params))]
+        self.shard_size = sum(self.chunks)
+        with torch.no_grad():
+            self.shard = nn.Parameter(torch.cat([
+                nn.functional.pad(p.detach().reshape(-1), (0, c * n - p.numel()))[r * c:(r + 1) * c]
+                for p, c in zip(self.params, self.chunks, strict=True)]))
+        self._flat_params = self._flat_grads = None
+        self._shard_grad: torch.Tensor | None = None
+        self._reduced: set[int] = set()
+        self._hooks = [p.register_post_accumulate_grad_hook(self._reduce_one(i))
+                       for i, p in enumerate(self.params)]
+
+    def _reduce_one(self, i: int) -> Callable[[torch.Tensor], None]:
+        def hook(p: torch.Tensor) -> None:
+            """Backward produced p.grad: keep this rank's averaged chunk of it, drop the rest."""
+            c, n = self.chunks[i], self.group_size
+            with torch.no_grad():
+                full = nn.functional.pad(p.grad.reshape(-1), (0, c * n - p.numel()))
+                mine = torch.empty(c, dtype=full.dtype, device=self.shard.device)
+                dist.reduce_scatter_single(mine, full, op=dist.ReduceOp.SUM, group=self.group)
+                if self._shard_grad is None:
+                    self._shard_grad = torch.zeros_like(self.shard)
+                o = self.chunk_offsets[i]
+                self._shard_grad[o:o + c] += mine.div_(n)
+            p.grad = None
+            self._reduced.add(i)
+        return hook
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
@@ -92,6 +144,8 @@ class ShardedOptimizer:
                    for t in state.values() if isinstance(t, torch.Tensor))
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        if self.stage == 2:
+            self._shard_grad, self._reduced = None, set()
         for p in self.params:
             if set_to_none:
                 p.grad = None
@@ -104,6 +158,8 @@ class ShardedOptimizer:
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if self.stage == 2:
+            return self._step_stage2(loss)
         with torch.no_grad():
             self._pack(self._flat_grads, [p.grad for p in self.params])
             shard_grad = torch.empty_like(self.shard)
@@ -114,6 +170,25 @@ class ShardedOptimizer:
             dist.all_gather_single(self._flat_params, self.shard.detach(),
                                         group=self.group)
             self._unpack_params()
+        return loss
+
+    @torch.no_grad()
+    def _step_stage2(self, loss: Any) -> Any:
+        missing = [i for i in range(len(self.params)) if i not in self._reduced]
+        if missing and len(missing) < len(self.params):
+            raise RuntimeError(f"stage 2: {len(missing)} trainable parameters got no gradient "
+                               "in backward, so their reduce-scatter never ran; use every "
+                               "parameter in the loss (or freeze it), or stage=1")
+        self.shard.grad = self._shard_grad
+        self.optimizer.step()
+        n = self.group_size
+        everyone = torch.empty(n * self.shard_size, dtype=self.shard.dtype,
+                               device=self.shard.device)
+        dist.all_gather_single(everyone, self.shard.detach(), group=self.group)
+        rows = everyone.view(n, self.shard_size)
+        for p, o, c in zip(self.params, self.chunk_offsets, self.chunks, strict=True):
+            p.copy_(rows[:, o:o + c].reshape(-1)[:p.numel()].view(p.shape))
+        self._reduced = set()
         return loss
 
     def _pack(self, flat: torch.Tensor, tensors: list[torch.Tensor | None]) -> None:
