@@ -119,6 +119,9 @@ class GridPicture(Picture):
     """
 
     def __init__(self, layout: GridLayout, highlight: int | None = None):
+        if layout.cp > 1:
+            raise ValueError(f"the grid picture draws dp x tp (x pp) grids, not cp={layout.cp}: "
+                             "print the layout's describe() for its cp and ep groups")
         self.layout = layout
         self.highlight = highlight
 
