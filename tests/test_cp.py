@@ -62,6 +62,10 @@ def test_ring_attention_equals_full_attention_fp64(world, zigzag):
                              ("recv", "forward"): (n - 1, (n - 1) * kv),
                              ("send", "backward"): (2 * n - 1, (2 * n - 1) * kv),
                              ("recv", "backward"): (2 * n - 1, (2 * n - 1) * kv)}, r["comm"]
+        k = dl.cost.cp_kv_bytes(B, 16, H * D, torch.float64)
+        assert r["comm"][("send", "forward")][1] == dl.cost.cp_ring_bytes(k, n)
+        assert r["comm"][("send", "backward")][1] == dl.cost.cp_ring_bytes(k, n, backward=True)
+        assert dl.cost.cp_ring_bytes(k, n) == dl.cost.all_gather_bytes(k, n)
 
 
 def test_without_overlap_non_causal_and_all_gather_agree():

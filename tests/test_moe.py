@@ -56,9 +56,9 @@ def _expert_parallel(top_k: int, capacity_factor: float) -> dict:
     for e in t.events:
         calls, nbytes = comm.get((e.op, e.phase), (0, 0))
         comm[(e.op, e.phase)] = (calls + 1, nbytes + e.nbytes)
-    cap = moe.capacity(TOKENS, E, top_k, capacity_factor)
-    return {"errs": errs, "comm": comm, "buffer": E * cap * D * 8, "dropped": (ep.last_dropped,
-                                                                              dropped)}
+    return {"errs": errs, "comm": comm, "dropped": (ep.last_dropped, dropped),
+            "buffer": dl.cost.ep_dispatch_bytes(TOKENS, D, E, top_k, capacity_factor,
+                                                torch.float64)}
 
 
 @pytest.mark.parametrize("world, top_k, factor", [(2, 2, 1.0), (4, 1, 1.0), (2, 1, 4.0)])
@@ -96,6 +96,12 @@ def test_routing_by_hand():
     assert r2.capacity == 4 and r2.kept.all()
     assert r2.expert.tolist() == [0, 0, 1, 0, 1, 1, 0, 1]
     assert r2.slot.tolist() == [0, 1, 4, 2, 5, 6, 3, 7]
+
+
+def test_cost_of_the_dispatch():
+    # capacity ceil(1.25 * 100 * 2 / 8) = 32 slots x 8 experts x 64 numbers x 4 bytes
+    assert dl.cost.ep_dispatch_bytes(100, 64, 8, top_k=2) == 8 * 32 * 64 * 4
+    assert dl.cost.all_to_all_bytes(1000, 4) == 750
 
 
 def test_load_balancing_loss():
