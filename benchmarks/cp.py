@@ -28,56 +28,45 @@ import torch.nn.functional as F
 import dpmp_lab as dl
 
 
-def _time(fn, steps: int) -> float:
-    fn()                                    # warm-up
-    times = []
-    for _ in range(steps):
-        dist.barrier()
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def measure(seq: int, heads: int, dim: int, steps: int, zigzag: bool) -> dict:
+    """Median seconds per variant; the variants take turns within every step, so that a change
+    in the machine's load (shared cores) hits them all alike."""
     torch.set_num_threads(1)
     group = dist.group.WORLD
     full = [torch.randn(1, heads, seq, dim, generator=torch.Generator().manual_seed(i))
             .to(dl.device()) for i in range(3)]
     mine = [dl.cp.split_sequence(t, group, zigzag).requires_grad_() for t in full]
+    whole = [t.clone().requires_grad_() for t in full]
 
-    def step(attend):
+    def step(attend, inputs):
         def run():
-            for t in mine:
+            for t in inputs:
                 t.grad = None
-            attend(*mine).sum().backward()
+            attend(*inputs).sum().backward()
         return run
 
-    out = {
-        "ring, overlapped": _time(step(lambda q, k, v: dl.cp.ring_attention(
-            q, k, v, group, zigzag=zigzag, overlap=True)), steps),
-        "ring, not overlapped": _time(step(lambda q, k, v: dl.cp.ring_attention(
-            q, k, v, group, zigzag=zigzag, overlap=False)), steps),
-        "all-gathered K/V": _time(step(lambda q, k, v: dl.cp.all_gather_attention(
-            q, k, v, group, zigzag=zigzag)), steps),
+    variants = {
+        "ring, overlapped": step(lambda q, k, v: dl.cp.ring_attention(
+            q, k, v, group, zigzag=zigzag, overlap=True), mine),
+        "ring, not overlapped": step(lambda q, k, v: dl.cp.ring_attention(
+            q, k, v, group, zigzag=zigzag, overlap=False), mine),
+        "all-gathered K/V": step(lambda q, k, v: dl.cp.all_gather_attention(
+            q, k, v, group, zigzag=zigzag), mine),
+        # rank 0 alone, the others wait at the barrier: one process, the whole sequence
+        "torch sdpa, one process": step(lambda q, k, v: F.scaled_dot_product_attention(
+            q, k, v, is_causal=True), whole),
     }
-    dist.barrier()
-    if dist.get_rank() == 0:
-        whole = [t.clone().requires_grad_() for t in full]
-
-        def baseline():
-            for t in whole:
-                t.grad = None
-            F.scaled_dot_product_attention(*whole, is_causal=True).sum().backward()
-        times = []
-        baseline()
-        for _ in range(steps):
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for i in range(steps + 1):                  # step 0 warms up
+        for name, run in variants.items():
+            alone = name.startswith("torch")
+            dist.barrier()
             start = time.perf_counter()
-            baseline()
-            times.append(time.perf_counter() - start)
-        out["torch sdpa, one process"] = statistics.median(times)
-    dist.barrier()
-    return out
+            if not alone or dist.get_rank() == 0:
+                run()
+            if i and (not alone or dist.get_rank() == 0):
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items() if t}
 
 
 def main() -> None:
