@@ -24,6 +24,8 @@ dp = 4, cp = 2, tp = 1, ep = 2 (8 ranks):
     dp_rank 2:        4    5            (consecutive dp ranks with the same cp and tp rank)
     dp_rank 3:        6    7
 
+dl.viz.grid(dp=4, cp=2, ep=2) draws it (one panel per cp rank) without launching anything.
+
 GridLayout is the arithmetic alone and works anywhere, also in the notebook kernel;
 ProcessGrid adds the process groups, built with torch's DeviceMesh so that torch-native
 DTensor and FSDP code can use the very same mesh (`grid.mesh["tp"]`).
@@ -184,8 +186,8 @@ class ProcessGrid:
             raise RuntimeError(
                 "ProcessGrid creates process groups, so it must run inside a rank (a function "
                 "started by dl.launch or a %%distributed cell). To look at a layout in the "
-                f"notebook, use dl.viz.grid(dp={dp}, tp={tp}, pp={pp})"
-                + (" or dl.GridLayout(...).describe()." if cp > 1 or ep > 1 else "."))
+                f"notebook, use dl.viz.grid(dp={dp}, tp={tp}, pp={pp}"
+                + (f", cp={cp}, ep={ep})." if cp > 1 or ep > 1 else ")."))
         world = dist.get_world_size()
         if self.layout.world_size != world:
             sizes = f"{dp} * {tp} * {pp}" + (f" * {cp}" if cp > 1 else "")

@@ -168,8 +168,17 @@ def test_layout_with_cp_and_ep_matches_the_hand_written_table():
 def test_ep_must_divide_dp():
     with pytest.raises(ValueError, match="ep=3 must divide dp=4"):
         dl.GridLayout(dp=4, ep=3)
-    with pytest.raises(ValueError, match="not cp=2"):
-        dl.viz.grid(dl.GridLayout(dp=2, cp=2))
+
+
+
+def test_grid_picture_with_cp_and_ep():
+    text = str(dl.viz.grid(dp=4, cp=2, ep=2, highlight=3))
+    panels = text.split("cp=1:")
+    assert "cp=0:" in panels[0] and panels[0].split("\n")[-2].split() == ["tp=0", "0", "2", "4", "6"]
+    assert panels[1].split("\n")[2].split() == ["tp=0", "1", "[3]", "5", "7"]
+    assert "context-parallel (cp) group" in text and "(0,2) (1,3) (4,6) (5,7)" in text
+    svg = dl.viz.grid(dp=2, cp=2, tp=2, pp=2)._repr_svg_()
+    assert "stage pp=1, cp=1" in svg and all(f">{r}</text>" in svg for r in range(16))
 
 
 def build_cp_ep_grid():
