@@ -86,6 +86,50 @@ def pp_activation_bytes(micro_batch: int, seq: int, d_model: int,
     return tensor_bytes((micro_batch, seq, d_model), dtype)
 
 
+def all_to_all_bytes(k: float, n: int) -> float:
+    """Sent per rank by an all-to-all of a K-byte input: (n-1)/n K (the part for itself
+    stays)."""
+    _check_n(n)
+    return (n - 1) / n * k
+
+
+def cp_kv_bytes(batch: int, seq: int, d_kv: int, dtype: torch.dtype = torch.float32) -> int:
+    """K of context parallel: the keys and values of the whole sequence for one attention
+    layer, 2 x (batch, seq, d_kv) with d_kv = heads x head_dim.
+
+    Ring attention passes every other rank's K/V part through each rank once in forward:
+    all_gather_bytes(K, cp) sent per rank, the same bytes as an all-gather of K/V, but in
+    cp - 1 messages that hide behind the attention of the block held, and never all at once
+    in memory. Backward sends cp_ring_bytes(..., backward=True).
+    """
+    return 2 * tensor_bytes((batch, seq, d_kv), dtype)
+
+
+def cp_ring_bytes(k: float, cp: int, backward: bool = False) -> float:
+    """Sent per rank by dl.cp.ring_attention for K = cp_kv_bytes(...): forward (cp-1)/cp K
+    (cp - 1 K/V blocks); backward (2 cp - 1)/cp K (the K/V blocks again, and the dK/dV
+    accumulator, which makes cp hops to come home)."""
+    _check_n(cp)
+    return (2 * cp - 1) / cp * k if backward else (cp - 1) / cp * k
+
+
+def ep_dispatch_bytes(tokens: int, d_model: int, n_experts: int, top_k: int = 1,
+                      capacity_factor: float = 1.25,
+                      dtype: torch.dtype = torch.float32) -> int:
+    """K of one expert-parallel all-to-all: the (n_experts, capacity, d_model) buffer of a
+    rank's tokens, capacity = ceil(capacity_factor x tokens x top_k / n_experts): about
+    capacity_factor x top_k copies of the tokens.
+
+    A MoE layer does 2 all-to-alls forward (dispatch, combine) and 2 backward, each putting
+    all_to_all_bytes(K, ep) on the wire per rank. Per token and layer that is about
+    2 top_k capacity_factor d_model numbers each way, against 2 (tp-1)/tp d_model for tensor
+    parallel's all-reduce of the same MLP: similar traffic, but ep splits whole experts, so
+    each expert's matmuls stay big and unsplit, and it talks only in the MoE layers.
+    """
+    cap = math.ceil(capacity_factor * tokens * top_k / n_experts)
+    return tensor_bytes((n_experts, cap, d_model), dtype)
+
+
 # -- memory -----------------------------------------------------------------------------------
 
 # bytes per parameter: (weights, gradients, optimizer state). "mixed" is the ZeRO paper's
@@ -157,3 +201,4 @@ def fsdp_peak_param_bytes(n_params: float, dp: int, largest_unit: float, *,
 __all__ = ["Memory", "fsdp_peak_param_bytes", "all_gather_bytes", "dp_gradient_bytes", "memory", "pp_activation_bytes",
            "reduce_scatter_bytes", "ring_all_reduce_bytes", "tensor_bytes",
            "tp_activation_bytes"]
+__all__ += ["all_to_all_bytes", "cp_kv_bytes", "cp_ring_bytes", "ep_dispatch_bytes"]

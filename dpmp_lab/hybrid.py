@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> None:
         result = train(args.dp, args.tp, args.pp, steps=args.steps, batch_size=args.batch_size,
                        micro_batches=args.micro_batches, schedule=args.schedule,
                        dtype=torch.float64 if args.fp64 else None)
-        if result["losses"][0] is not None and result["coords"][1:] == (0, 0):
+        if result["losses"][0] is not None and result["coords"][1:3] == (0, 0):
             for step, loss in enumerate(result["losses"]):
                 print(f"rank {result['rank']} (dp_rank 0, last stage) step {step} loss "
                       f"{loss:.6f}", flush=True)

@@ -115,46 +115,73 @@ class GridPicture(Picture):
     """Ranks laid out as the articles draw them: a row is a DP group, a column a TP group.
 
     With pp > 1 there is one panel per pipeline stage; the same cell in every panel is a
-    pipeline (pp) group. `str()` gives the text version, a notebook shows SVG.
+    pipeline (pp) group. With cp > 1, one panel per (stage, cp rank): the same cell in the cp
+    panels of a stage is a context-parallel (cp) group. ep groups (inside dp) are listed below.
+    `str()` gives the text version, a notebook shows SVG.
     """
 
     def __init__(self, layout: GridLayout, highlight: int | None = None):
         self.layout = layout
         self.highlight = highlight
 
+    def _panels(self) -> list[tuple[int, int, str]]:
+        """(pp, cp, title) of every panel, in rank order."""
+        L = self.layout
+        out = []
+        for pp in range(L.pp):
+            for cp in range(L.cp):
+                words = ([f"pipeline stage pp={pp}"] if L.pp > 1 else []) + \
+                    ([f"cp={cp}"] if L.cp > 1 else [])
+                out.append((pp, cp, ", ".join(words)))
+        return out
+
+    def _legend(self) -> list[str]:
+        L = self.layout
+        lines = ["a row is a data-parallel (dp) group: same model shard, different data",
+                 "a column is a tensor-parallel (tp) group: one model split across ranks"]
+        if L.pp > 1:
+            lines.append("the same place in every stage is a pipeline (pp) group")
+        if L.cp > 1:
+            lines.append("the same place in every cp panel of a stage is a context-parallel (cp) "
+                         "group: one sequence split across ranks")
+        if L.ep > 1:
+            lines.append("expert-parallel (ep) groups, inside the dp groups: "
+                         + " ".join("(" + ",".join(map(str, g)) + ")" for g in L.groups("ep")))
+        return lines
+
     def __str__(self) -> str:
         L = self.layout
         lines = [L.describe_sizes()]
         width = max(4, len(str(L.world_size - 1)) + 1)
-        for pp in range(L.pp):
-            if L.pp > 1:
-                lines.append(f"pipeline stage pp={pp}:")
+        for pp, cp, title in self._panels():
+            if title:
+                lines.append(f"{title}:")
             header = " " * 8 + "".join(f"dp={d}".rjust(width + 3) for d in range(L.dp))
             lines.append(header)
             for tp in range(L.tp):
                 cells = []
                 for dp in range(L.dp):
-                    r = L.rank_of(pp=pp, dp=dp, tp=tp)
+                    r = L.rank_of(pp=pp, dp=dp, tp=tp, cp=cp)
                     text = f"[{r}]" if r == self.highlight else str(r)
                     cells.append(text.rjust(width + 3))
                 lines.append(f"  tp={tp}".ljust(8) + "".join(cells))
-        lines.append("a row is a data-parallel (dp) group: same model shard, different data")
-        lines.append("a column is a tensor-parallel (tp) group: one model split across ranks")
-        if L.pp > 1:
-            lines.append("the same place in every stage is a pipeline (pp) group")
+        lines.extend(self._legend())
         return "\n".join(lines)
 
     def _repr_svg_(self) -> str:
         L = self.layout
         side, gap, margin, top = 46, 6, 50, 40
-        panel_w = margin + L.dp * (side + gap) + 20
-        width = max(panel_w * L.pp, 260)
-        height = top + L.tp * (side + gap) + 70
+        panels = self._panels()
+        panel_w = max(margin + L.dp * (side + gap) + 20, 150 if L.cp > 1 else 0)
+        width = max(panel_w * len(panels), 260)
+        legend = self._legend()
+        height = top + L.tp * (side + gap) + 38 + 16 * len(legend)
         out = [svg_start(width, height)]
-        for pp in range(L.pp):
-            x0 = pp * panel_w
-            if L.pp > 1:
-                out.append(f'<text x="{x0 + margin}" y="16">stage pp={pp}</text>')
+        for i, (pp, cp, title) in enumerate(panels):
+            x0 = i * panel_w
+            if title:
+                out.append(f'<text x="{x0 + margin}" y="16">{title.replace("pipeline ", "")}'
+                           "</text>")
             for dp in range(L.dp):
                 x = x0 + margin + dp * (side + gap)
                 out.append(f'<text x="{x + 8}" y="{top - 6}">dp={dp}</text>')
@@ -163,7 +190,7 @@ class GridPicture(Picture):
                 out.append(f'<text x="{x0 + 4}" y="{y + side // 2 + 4}">tp={tp}</text>')
                 for dp in range(L.dp):
                     x = x0 + margin + dp * (side + gap)
-                    r = L.rank_of(pp=pp, dp=dp, tp=tp)
+                    r = L.rank_of(pp=pp, dp=dp, tp=tp, cp=cp)
                     colour = PALETTE[tp % len(PALETTE)]
                     stroke = 'stroke="black" stroke-width="3"' if r == self.highlight else ""
                     out.append(f'<rect x="{x}" y="{y}" width="{side}" height="{side}" rx="6" '
@@ -171,25 +198,25 @@ class GridPicture(Picture):
                     out.append(f'<text x="{x + side // 2}" y="{y + side // 2 + 5}" '
                                f'text-anchor="middle" font-size="15">{r}</text>')
         y = top + L.tp * (side + gap) + 18
-        out.append(f'<text x="4" y="{y}">row (same colour) = dp group: same shard, '
-                   "different data</text>")
-        out.append(f'<text x="4" y="{y + 16}">column = tp group: one model split across '
-                   "ranks</text>")
-        if L.pp > 1:
-            out.append(f'<text x="4" y="{y + 32}">same place in each stage = pp group</text>')
+        words = {"a row is": "row (same colour) = dp group:", "a column is": "column = tp group:"}
+        for j, line in enumerate(legend):
+            for old, new in words.items():
+                if line.startswith(old):
+                    line = new + line.split(":", 1)[1]
+            out.append(f'<text x="4" y="{y + 16 * j}">{line}</text>')
         out.append("</svg>")
         return "".join(out)
 
 
-def grid(grid_or_none: Any = None, *, dp: int = 1, tp: int = 1, pp: int = 1,
-         highlight: int | None = None) -> GridPicture:
+def grid(grid_or_none: Any = None, *, dp: int = 1, tp: int = 1, pp: int = 1, cp: int = 1,
+         ep: int = 1, highlight: int | None = None) -> GridPicture:
     """Draw a process grid: `dl.viz.grid(dp=2, tp=2)` or `dl.viz.grid(my_grid)`.
 
     Works in the notebook kernel without launching anything, so you can look at a layout
     before you build it.
     """
     if grid_or_none is None:
-        layout = GridLayout(dp=dp, tp=tp, pp=pp)
+        layout = GridLayout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
     else:
         layout = getattr(grid_or_none, "layout", grid_or_none)
         if not isinstance(layout, GridLayout):

@@ -32,7 +32,7 @@ WORLD4 = {
 
 
 def _layout_rows(layout: dl.GridLayout) -> dict:
-    return {r: (tuple(layout.coords(r)), layout.group_of("tp", r), layout.group_of("dp", r),
+    return {r: (tuple(layout.coords(r))[:3], layout.group_of("tp", r), layout.group_of("dp", r),
                 layout.group_of("pp", r), layout.prev_stage(r), layout.next_stage(r))
             for r in range(layout.world_size)}
 
@@ -81,7 +81,7 @@ def build_grid(dp: int, tp: int, pp: int):
             dist.all_reduce(torch.ones(1), group=getattr(grid, f"{kind}_group"))
     groups = {kind: tuple(dist.get_process_group_ranks(getattr(grid, f"{kind}_group")))
               for kind in ("tp", "dp", "pp")}
-    row = (tuple(grid.coords), grid.tp_ranks, grid.dp_ranks, grid.pp_ranks, grid.prev_stage,
+    row = (tuple(grid.coords)[:3], grid.tp_ranks, grid.dp_ranks, grid.pp_ranks, grid.prev_stage,
            grid.next_stage)
     return row, groups, [(e.label, e.group) for e in t.events], grid.describe(), \
         grid.mesh.mesh.tolist(), str(dl.viz.grid(grid))
@@ -100,7 +100,7 @@ def test_process_grid_groups_on_every_rank(warm, world, sizes, table):
         assert f"rank {rank}: pp_rank {row[0][0]}, dp_rank {row[0][1]}" in describe
         assert f"[{rank}]" in picture   # this rank is marked in its own picture
         if world == 8:
-            assert mesh == [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
+            assert mesh == [[[[0, 1]], [[2, 3]]], [[[4, 5]], [[6, 7]]]]   # pp, dp, cp, tp
 
 
 def wrong_grid():
@@ -133,3 +133,73 @@ def test_grid_picture_text_and_svg():
     assert all(f">{r}</text>" in svg for r in range(8))
     with pytest.raises(TypeError, match="takes a ProcessGrid or GridLayout"):
         dl.viz.grid("dp=2")
+
+
+# world 8 = dp4 x cp2 with ep2, rank = dp_rank * 2 + cp_rank (the drawing in grid.py):
+#   rank: (pp, dp, tp, cp)   cp group   dp group       ep group   ep_rank
+WORLD8_CP_EP = {
+    0: ((0, 0, 0, 0), (0, 1), (0, 2, 4, 6), (0, 2), 0),
+    1: ((0, 0, 0, 1), (0, 1), (1, 3, 5, 7), (1, 3), 0),
+    2: ((0, 1, 0, 0), (2, 3), (0, 2, 4, 6), (0, 2), 1),
+    3: ((0, 1, 0, 1), (2, 3), (1, 3, 5, 7), (1, 3), 1),
+    4: ((0, 2, 0, 0), (4, 5), (0, 2, 4, 6), (4, 6), 0),
+    5: ((0, 2, 0, 1), (4, 5), (1, 3, 5, 7), (5, 7), 0),
+    6: ((0, 3, 0, 0), (6, 7), (0, 2, 4, 6), (4, 6), 1),
+    7: ((0, 3, 0, 1), (6, 7), (1, 3, 5, 7), (5, 7), 1),
+}
+
+
+def test_layout_with_cp_and_ep_matches_the_hand_written_table():
+    layout = dl.GridLayout(dp=4, cp=2, ep=2)
+    rows = {r: (tuple(layout.coords(r)), layout.group_of("cp", r), layout.group_of("dp", r),
+                layout.group_of("ep", r), layout.ep_rank(r)) for r in range(8)}
+    assert rows == WORLD8_CP_EP
+    assert layout.groups("ep") == [(0, 2), (1, 3), (4, 6), (5, 7)]
+    # cp sits between dp and tp: with tp = 2 a cp group strides over the tp neighbours
+    big = dl.GridLayout(dp=2, cp=2, tp=2, pp=2)
+    assert big.groups("cp")[:2] == [(0, 2), (1, 3)] and big.group_of("tp", 5) == (4, 5)
+    assert big.rank_of(pp=1, dp=1, cp=1, tp=1) == 15 and big.coords(13) == (1, 1, 1, 0)
+    text = layout.describe(3)
+    assert "cp groups (context parallel" in text and "ep groups (expert parallel" in text
+    assert "rank 3: cp_rank 1, ep_rank 1; cp group (2,3), ep group (1,3)" in text
+    assert "cp groups" not in dl.GridLayout(dp=2).describe()   # old grids read as before
+
+
+def test_ep_must_divide_dp():
+    with pytest.raises(ValueError, match="ep=3 must divide dp=4"):
+        dl.GridLayout(dp=4, ep=3)
+
+
+
+def test_grid_picture_with_cp_and_ep():
+    text = str(dl.viz.grid(dp=4, cp=2, ep=2, highlight=3))
+    panels = text.split("cp=1:")
+    assert "cp=0:" in panels[0] and panels[0].split("\n")[-2].split() == ["tp=0", "0", "2", "4", "6"]
+    assert panels[1].split("\n")[2].split() == ["tp=0", "1", "[3]", "5", "7"]
+    assert "context-parallel (cp) group" in text and "(0,2) (1,3) (4,6) (5,7)" in text
+    svg = dl.viz.grid(dp=2, cp=2, tp=2, pp=2)._repr_svg_()
+    assert "stage pp=1, cp=1" in svg and all(f">{r}</text>" in svg for r in range(16))
+
+
+def build_cp_ep_grid():
+    grid = dl.ProcessGrid(dp=2, cp=2, ep=2)
+    with dl.trace() as t:
+        for kind in ("cp", "dp", "ep"):
+            dist.all_reduce(torch.ones(1), group=getattr(grid, f"{kind}_group"))
+    built = {kind: tuple(dist.get_process_group_ranks(getattr(grid, f"{kind}_group")))
+             for kind in ("cp", "dp", "ep", "tp")}
+    plain = dl.ProcessGrid(dp=4)
+    return (tuple(grid.coords), grid.ep_rank, built, [(e.label, e.group) for e in t.events],
+            plain.ep_group, plain.cp_ranks, repr(grid))
+
+
+def test_process_grid_with_cp_and_ep(warm):
+    res = dl.launch(build_cp_ep_grid, world_size=4, stream=False)
+    layout = dl.GridLayout(dp=2, cp=2, ep=2)
+    for rank, (coords, ep_rank, built, traced, plain_ep, plain_cp, text) in enumerate(res.values):
+        assert coords == tuple(layout.coords(rank)) and ep_rank == layout.ep_rank(rank)
+        assert built == {k: layout.group_of(k, rank) for k in ("cp", "dp", "ep", "tp")}
+        assert built["ep"] == built["dp"]          # ep = dp here: the whole dp group
+        assert traced == [(k, built[k]) for k in ("cp", "dp", "ep")]
+        assert plain_ep is None and plain_cp == (rank,)   # ep = 1: no group, all experts local
+        assert f"cp={coords[3]} ep={ep_rank}" in text
