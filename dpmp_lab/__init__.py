@@ -7,6 +7,7 @@
     dl.check.comm(res, {...})             # grading: numbers and communication
 """
 
+import dpmp_lab.bench as bench  # measuring: timing in ranks, sweeps, alpha-beta, profiles
 from dpmp_lab import check, collectives, cost, dp, hybrid, integrity, models, pp, starting, tp, viz
 from dpmp_lab.compat import provide_new_collective_names
 from dpmp_lab.grid import GridLayout, ProcessGrid
@@ -36,6 +37,7 @@ __all__ = [
     "ProcessGrid",
     "RankFailure",
     "Trace",
+    "bench",
     "check",
     "collectives",
     "cost",
