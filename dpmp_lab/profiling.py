@@ -54,9 +54,13 @@ _COMM_PREFIXES = ("c10d::", "gloo:", "nccl:")
 
 
 def _op_key(name: str) -> str:
-    """c10d::allreduce_, gloo:all_reduce and nccl:all_reduce all name 'allreduce'."""
-    base = name.split(":")[-1].replace("_", "").lower()
-    return base.removesuffix("base").removesuffix("tensor").removesuffix("coalesced")
+    """One key per collective whatever layer names it: c10d::allreduce_, gloo:all_reduce and
+    nccl:all_reduce are 'allreduce'; c10d::_allgather_base_ and gloo:all_gather_into_tensor
+    are 'allgather'."""
+    key = name.split(":")[-1].replace("_", "").lower()
+    for suffix in ("coalesced", "base", "tensor", "into", "single"):
+        key = key.removesuffix(suffix)
+    return key
 
 
 @dataclass

@@ -10,9 +10,10 @@ import xml.etree.ElementTree as ET
 
 import pytest
 import torch
+import torch.distributed as dist
 
 import dpmp_lab as dl
-from dpmp_lab.bench import Interval, Profile
+from dpmp_lab.profiling import Interval, Profile, _op_key
 
 # -- the alpha-beta fit -------------------------------------------------------------------------
 
@@ -139,6 +140,34 @@ def test_profile_finds_each_collective_and_tells_overlap(warm, overlap, bucket_m
         assert prof.overlapped() is overlapped
         assert 0.0 <= prof.comm_share() <= 1.0
     assert "overlapped" not in res.output[0] and "USDT" not in res.output[0]
+
+
+def profiled_collectives():
+    t = torch.ones(8, device=dl.device())
+    out = torch.empty(8 * dist.get_world_size(), device=dl.device())
+
+    def step():
+        dist.all_reduce(t)
+        dist.all_gather_single(out, t)
+        dist.reduce_scatter_single(t, out)
+        dist.broadcast(t, src=0)
+    step()
+    return dl.bench.profile(step)[1]
+
+
+def test_profile_matches_each_issue_with_its_execution(warm):
+    res = dl.launch(profiled_collectives, world_size=2, stream=False)
+    for prof in res.values:
+        assert [c.name for c in prof.comm] == ["allreduce", "_allgather_base",
+                                               "_reduce_scatter_base", "broadcast"]
+        assert all(c.start <= c.end for c in prof.comm)
+        assert not prof.overlapped()                   # no backward at all
+    assert [_op_key(n) for n in (
+        "c10d::allreduce_", "gloo:all_reduce", "c10d::_allgather_base_",
+        "gloo:all_gather_into_tensor", "c10d::_reduce_scatter_base_", "nccl:reduce_scatter",
+        "c10d::broadcast_", "gloo:broadcast")] == [
+        "allreduce", "allreduce", "allgather", "allgather", "reducescatter", "reducescatter",
+        "broadcast", "broadcast"]
 
 
 def test_overlap_and_exposed_share_are_interval_logic():
