@@ -133,7 +133,8 @@ def _ancestors(ev: Any) -> Iterable[Any]:
         parent = parent.cpu_parent
 
 
-def intervals_from_events(events: Sequence[Any], rank: int, main_thread: int) -> Profile:
+def intervals_from_events(events: Sequence[Any], rank: int,
+                          main_thread: int | None) -> Profile:
     """Reduce torch.profiler's FunctionEvents to a Profile (see the module docstring)."""
     if not events:
         return Profile(rank, [], [], 0.0)
