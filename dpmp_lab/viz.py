@@ -8,10 +8,12 @@ the notebook kernel before launching anything, and grader messages stay readable
     dl.viz.comm_chart(res)            # bytes per rank and group, as bars
     dl.viz.timeline(pp.one_f_one_b(4, 8))   # a pipeline schedule or a measured run
     dl.viz.collective("all_reduce")   # what every rank holds before and after a collective
+    dl.viz.profile(res)               # dl.bench profiles: compute and communication per rank
 
 This module sits on top: it reads traces, grids and pipeline schedules. The drawing primitives
 (Table, human_bytes, the Picture base) live in dpmp_lab.render, below every module, and are
-re-exported here, as are the collective pictures of dpmp_lab.viz_collective.
+re-exported here, as are the collective pictures of dpmp_lab.viz_collective and the
+profile pictures of dpmp_lab.viz_profile.
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ from dpmp_lab.pp import PipelineResult, Schedule, measured_bubble
 from dpmp_lab.render import PALETTE, Picture, Table, cell, human_bytes, svg_start
 from dpmp_lab.trace import traces_of
 from dpmp_lab.viz_collective import COLLECTIVES, CollectivePicture, collective
+from dpmp_lab.viz_profile import ProfilePicture, profile
 
-__all__ = ["COLLECTIVES", "CollectivePicture", "CommChart", "GridPicture", "Table", "Timeline",
-           "collective", "comm", "comm_chart", "grid", "human_bytes", "timeline"]
+__all__ = ["COLLECTIVES", "CollectivePicture", "CommChart", "GridPicture", "ProfilePicture",
+           "Table", "Timeline", "collective", "comm", "comm_chart", "grid", "human_bytes",
+           "profile", "timeline"]
 
 # -- communication ------------------------------------------------------------------------------
 
