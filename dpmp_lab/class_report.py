@@ -28,10 +28,11 @@ from pathlib import Path
 
 import nbformat
 from matplotlib.figure import Figure
-from nbgrader.api import Gradebook, MissingEntry
+from nbgrader.api import MissingEntry
 
 from dpmp_lab.check.hints import HINT_TAG
-from dpmp_lab.course import COURSE_ID, gradebook_url
+from dpmp_lab.course import gradebook_url
+from dpmp_lab.grading import open_gradebook
 from dpmp_lab.render import Table
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -63,6 +64,7 @@ class CellCounts:
     full: int = 0
     partial: int = 0
     zero: int = 0
+    not_graded: int = 0      # submissions grading could not run (zero, flagged for manual)
     mistakes: list[Mistake] = field(default_factory=list)
 
 
@@ -77,23 +79,23 @@ class ClassReport:
 # -- a failure's key ----------------------------------------------------------------------------
 
 
-def failure_key(ename: str, evalue: str) -> str:
-    """The keys a failure carries, else its exception and message with numbers and bracketed
-    lists masked, so that the same mistake on other inputs gets the same key."""
+def failure_keys(ename: str, evalue: str) -> list[str]:
+    """The hint keys a failure carries, else one key: its exception and message with numbers
+    and bracketed lists masked, so that the same mistake on other inputs gets the same key."""
     text = ANSI.sub("", evalue)
     keys = HINT_TAG.findall(text)
     if keys:
-        return " + ".join(dict.fromkeys(keys))
-    if ename == "NotImplementedError":
-        return NOT_ATTEMPTED
+        return list(dict.fromkeys(keys))
+    if "NotImplementedError" in ename or "NotImplementedError" in text:
+        return [NOT_ATTEMPTED]   # also when the stub raised inside a rank (a LaunchError)
     if ename == "CellTimeoutError":
-        return TIMEOUT
+        return [TIMEOUT]
     if ename == "TamperingDetected":
-        return TAMPERING
+        return [TAMPERING]
     masked = " ".join(NUMBER.sub("#", text).split())
     while BRACKETS.search(masked):
         masked = BRACKETS.sub("<...>", masked)
-    return f"{ename}: {masked[:140]}" if masked else ename
+    return [f"{ename}: {masked[:140]}" if masked else ename]
 
 
 def _first_errors(path: Path) -> dict[str, tuple[str, str]]:
@@ -135,7 +137,7 @@ def class_report(name: str, root: Path) -> ClassReport:
     cells: dict[tuple[str, str], CellCounts] = {}
     totals: dict[str, tuple[float, float]] = {}
     found: dict[tuple[str, str], dict[str, list[tuple[str, str]]]] = {}
-    with Gradebook(gradebook_url(root), COURSE_ID) as gb:
+    with open_gradebook(gradebook_url(root)) as gb:
         try:
             assignment = gb.find_assignment(name)
         except MissingEntry:
@@ -154,7 +156,7 @@ def class_report(name: str, root: Path) -> ClassReport:
                     counts = cells[(nb.name, g.name)]
                     score = g.score or 0.0
                     if student in not_graded:
-                        counts.zero += 1
+                        counts.not_graded += 1
                         continue
                     if score >= g.max_score:
                         counts.full += 1
@@ -164,10 +166,10 @@ def class_report(name: str, root: Path) -> ClassReport:
                     else:
                         counts.zero += 1
                     ename, evalue = errors.get(g.name, ("", ""))
-                    key = failure_key(ename, evalue) if ename else "no error shown"
                     example = f"{ename}: {evalue}" if ename else ""
-                    found.setdefault((nb.name, g.name), {}).setdefault(key, []).append(
-                        (student, example))
+                    for key in failure_keys(ename, evalue) if ename else ["no error shown"]:
+                        found.setdefault((nb.name, g.name), {}).setdefault(key, []).append(
+                            (student, example))
     for where, by_key in found.items():
         mistakes = []
         for key, hits in by_key.items():
@@ -189,12 +191,18 @@ def _first_line(text: str, width: int = 110) -> str:
     return line if len(line) <= width else line[:width - 3] + "..."
 
 
+def cell_table(report: ClassReport) -> Table:
+    """A row per graded cell: its points and how many learners got full, partial, zero."""
+    return Table(["graded cell", "points", "full", "partial", "zero", "not graded"],
+                 [[c.cell, f"{c.points:g}", c.full, c.partial, c.zero, c.not_graded]
+                  for c in report.cells])
+
+
 def text_report(report: ClassReport, names: bool = False) -> str:
     """The terminal's view: a table of cells, each cell's mistakes, the spread of totals."""
     out = [f"{report.assignment}: {len(report.totals)} learner(s)"
            + (f", {len(report.not_graded)} not graded" if report.not_graded else "")]
-    rows = [[c.cell, f"{c.points:g}", c.full, c.partial, c.zero] for c in report.cells]
-    out.append(str(Table(["graded cell", "points", "full", "partial", "zero"], rows)))
+    out.append(str(cell_table(report)))
     for c in report.cells:
         if not c.mistakes:
             continue
@@ -237,13 +245,14 @@ def csv_report(report: ClassReport, names: bool = False) -> str:
     buf = io.StringIO()
     w = csv.writer(buf)
     w.writerow(["assignment", "notebook", "cell", "points", "full", "partial", "zero",
-                "mistake", "learners_with_mistake", "example"] + (["learners"] if names else []))
+                "not_graded", "mistake", "learners_with_mistake", "example"]
+               + (["learners"] if names else []))
     for c in report.cells:
         w.writerow([report.assignment, c.notebook, c.cell, f"{c.points:g}", c.full, c.partial,
-                    c.zero, "", "", ""] + ([""] if names else []))
+                    c.zero, c.not_graded, "", "", ""] + ([""] if names else []))
         for m in c.mistakes:
-            w.writerow([report.assignment, c.notebook, c.cell, "", "", "", "", m.key, m.count,
-                        m.example] + ([" ".join(m.learners)] if names else []))
+            w.writerow([report.assignment, c.notebook, c.cell, "", "", "", "", "", m.key,
+                        m.count, m.example] + ([" ".join(m.learners)] if names else []))
     return buf.getvalue()
 
 
@@ -277,10 +286,7 @@ def html_report(report: ClassReport, names: bool = False) -> str:
              f"<p>{len(report.totals)} learner(s)"
              + (f", {len(report.not_graded)} not graded" if report.not_graded else "") + "</p>",
              f"<img alt='spread of total scores' src='data:image/png;base64,{png}'>",
-             "<h2>Graded cells</h2>", Table(
-                 ["graded cell", "points", "full", "partial", "zero"],
-                 [[c.cell, f"{c.points:g}", c.full, c.partial, c.zero]
-                  for c in report.cells])._repr_html_()]
+             "<h2>Graded cells</h2>", cell_table(report)._repr_html_()]
     for c in report.cells:
         if not c.mistakes:
             continue
@@ -313,7 +319,7 @@ def grades(root: Path, names: list[str] | None = None) -> list[dict]:
     """One row per learner and assignment: nbgrader's total score, its maximum, and whether a
     cell waits for manual grading. Assignments in course order, learners sorted."""
     rows = []
-    with Gradebook(gradebook_url(root), COURSE_ID) as gb:
+    with open_gradebook(gradebook_url(root)) as gb:
         known = sorted(a.name for a in gb.assignments)
         unknown = sorted(set(names or ()) - set(known))
         if unknown:

@@ -125,7 +125,8 @@ def grade(args: argparse.Namespace) -> int:
     """Autograde submitted/*/<assignment> in parallel jobs and write feedback/ (nbgrader)."""
     from dpmp_lab import grading
 
-    summary = grading.grade_class(args.assignment, jobs=args.jobs, timeout=args.timeout,
+    summary = grading.grade_class(args.assignment, root=args.root, jobs=args.jobs,
+                                  timeout=args.timeout,
                                   cell_timeout=args.cell_timeout, force=args.force,
                                   students=args.student or None)
     return 1 if summary.failed else 0
@@ -135,7 +136,7 @@ def report(args: argparse.Namespace) -> int:
     """What the class got wrong in an assignment: the terminal table, reports/NAME.html, or CSV."""
     from dpmp_lab import class_report
 
-    root = course.repo_root()
+    root = args.root or course.repo_root()
     rep = class_report.class_report(args.assignment, root)
     if args.csv:
         sys.stdout.write(class_report.csv_report(rep, names=args.names))
@@ -150,7 +151,7 @@ def grades(args: argparse.Namespace) -> int:
     """Every learner's total per assignment, from nbgrader's gradebook."""
     from dpmp_lab import class_report
 
-    rows = class_report.grades(course.repo_root(), args.assignments or None)
+    rows = class_report.grades(args.root or course.repo_root(), args.assignments or None)
     if args.csv:
         sys.stdout.write(class_report.grades_csv(rows))
     else:
@@ -163,6 +164,12 @@ def _jobs(text: str) -> int:
     if n < 1:
         raise argparse.ArgumentTypeError(f"--jobs must be at least 1, got {n}")
     return n
+
+
+def _root_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--root", type=Path, default=None,
+                   help="the course root: nbgrader_config.py, solutions/, submitted/, "
+                        "gradebook.db (default: this checkout)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -196,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="regrade submissions that did not change since they were graded")
     p.add_argument("--student", action="append", default=[],
                    help="grade only this learner (repeatable)")
+    _root_option(p)
     p.set_defaults(func=grade)
     p = sub.add_parser("report", help="what a class got wrong in ASSIGNMENT")
     p.add_argument("assignment")
@@ -203,10 +211,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--names", action="store_true",
                    help="show which learners made each mistake (default: anonymised)")
     p.add_argument("--no-html", action="store_true", help="do not write reports/NAME.html")
+    _root_option(p)
     p.set_defaults(func=report)
     p = sub.add_parser("grades", help="each learner's total per assignment")
     p.add_argument("assignments", nargs="*", help="assignments (default: every graded one)")
     p.add_argument("--csv", action="store_true", help="CSV on stdout, for a spreadsheet")
+    _root_option(p)
     p.set_defaults(func=grades)
     args, extra = parser.parse_known_args(argv)
     if extra and args.func is not lab:

@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ from datetime import datetime
 from pathlib import Path
 
 from nbgrader.api import Gradebook, MissingEntry
+from sqlalchemy.exc import SAWarning
 
 from dpmp_lab.course import COURSE_ID, assignments, gradebook_url, nbgrader, repo_root
 from dpmp_lab.launch import usable_cores
@@ -73,6 +75,15 @@ class Summary:
     @property
     def failed(self) -> list[Outcome]:
         return [o for o in self.outcomes if not o.graded]
+
+
+def open_gradebook(url: str) -> Gradebook:
+    """nbgrader's Gradebook at `url`, for use in a with-statement. nbgrader runs its helper
+    `alembic` by name when it opens a database, so this Python's scripts go on PATH."""
+    here = os.path.dirname(sys.executable)
+    if here not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = here + os.pathsep + os.environ.get("PATH", "")
+    return Gradebook(url, COURSE_ID)
 
 
 def submissions(name: str, root: Path) -> dict[str, Path]:
@@ -201,7 +212,7 @@ def grade_one(name: str, student: str, folder: Path, *, root: Path, gradebook: P
 
 def _read_scores(scratch: Path, name: str, student: str, outcome: Outcome) -> None:
     try:
-        with Gradebook(gradebook_url(scratch), COURSE_ID) as gb:
+        with open_gradebook(gradebook_url(scratch)) as gb:
             sub = gb.find_submission(name, student)
             outcome.timestamp = sub.timestamp
             for nb in sub.notebooks:
@@ -223,7 +234,9 @@ def record(gb: Gradebook, name: str, outcome: Outcome) -> None:
     grading, so it is neither lost nor given points it did not earn."""
     gb.update_or_create_student(outcome.student)
     kwargs = {"timestamp": outcome.timestamp} if outcome.timestamp else {}
-    sub = gb.update_or_create_submission(name, outcome.student, **kwargs)
+    with warnings.catch_warnings():   # nbgrader's own autograde warns the same, harmlessly
+        warnings.filterwarnings("ignore", category=SAWarning)
+        sub = gb.update_or_create_submission(name, outcome.student, **kwargs)
     for nb in sub.notebooks:
         nb.late_submission_penalty = outcome.penalties.get(nb.name) if outcome.graded else None
         for g in nb.grades:
@@ -253,7 +266,7 @@ def gradebook_dump(url: str, name: str) -> dict:
     """{student: {(notebook, cell): (auto_score, manual_score, needs_manual_grade)}, plus the
     notebooks' late penalties}: what two gradings are compared by."""
     out: dict = {}
-    with Gradebook(url, COURSE_ID) as gb:
+    with open_gradebook(url) as gb:
         for sub in gb.assignment_submissions(name):
             rows = {}
             for nb in sub.notebooks:
@@ -270,7 +283,7 @@ def ensure_assignment(name: str, root: Path) -> None:
     """The gradebook must know the assignment (its graded cells and points) before anything is
     graded; `nbgrader generate_assignment` records it, as `dpmp-lab release` does."""
     try:
-        with Gradebook(gradebook_url(root), COURSE_ID) as gb:
+        with open_gradebook(gradebook_url(root)) as gb:
             gb.find_assignment(name)
             return
     except MissingEntry:
@@ -291,7 +304,7 @@ def _save_state(root: Path, name: str, state: dict) -> None:
 
 
 def _still_recorded(root: Path, name: str, students: Iterable[str]) -> set[str]:
-    with Gradebook(gradebook_url(root), COURSE_ID) as gb:
+    with open_gradebook(gradebook_url(root)) as gb:
         have = {s.student_id for s in gb.assignment_submissions(name)}
     return have & set(students)
 
@@ -352,7 +365,7 @@ def grade_class(name: str, *, root: Path | None = None, jobs: int | None = None,
         snapshot = base / "gradebook.db"
         shutil.copy(root / "gradebook.db", snapshot)
         with ThreadPoolExecutor(max_workers=jobs) as pool, \
-                Gradebook(gradebook_url(root), COURSE_ID) as gb:
+                open_gradebook(gradebook_url(root)) as gb:
             pending = {pool.submit(grade_one, name, s, f, root=root, gradebook=snapshot,
                                    base=base, timeout=timeout, cell_timeout=cell_timeout)
                        for s, f in todo.items()}
