@@ -99,23 +99,32 @@ def failure_keys(ename: str, evalue: str) -> list[str]:
 
 
 def _first_errors(path: Path) -> dict[str, tuple[str, str]]:
-    """{grade_id: (ename, evalue)} of the first error each graded cell of a notebook shows."""
+    """{grade_id: (ename, evalue)} of the first error each graded cell of a notebook shows.
+
+    A NameError in a graded cell after a solution cell that failed (the release's stub raising
+    NotImplementedError, say) is that cell's failure: the name was never defined because of it.
+    """
     nb = nbformat.read(path, as_version=4)
-    out = {}
+    out: dict[str, tuple[str, str]] = {}
+    earlier: tuple[str, str] | None = None
     for c in nb.cells:
         meta = c.metadata.get("nbgrader", {})
-        if c.cell_type != "code" or not meta.get("grade"):
+        if c.cell_type != "code":
             continue
-        errors = [o for o in c.get("outputs", []) if o.get("output_type") == "error"]
-        if errors:
-            out[meta["grade_id"]] = (errors[0].get("ename", ""), errors[0].get("evalue", ""))
+        errors = [(o.get("ename", ""), o.get("evalue", "")) for o in c.get("outputs", [])
+                  if o.get("output_type") == "error"]
+        if errors and meta.get("solution") and not meta.get("grade"):
+            earlier = errors[0]
+        if errors and meta.get("grade"):
+            out[meta["grade_id"]] = (earlier if errors[0][0] == "NameError" and earlier
+                                     else errors[0])
     return out
 
 
 def _anonymised(text: str, learner: str) -> str:
     text = ANSI.sub("", text).strip()
-    if learner:
-        text = text.replace(learner, "<learner>")
+    if learner:   # as a whole word, so that learner "eve" leaves "every" alone
+        text = re.sub(rf"(?<![\w-]){re.escape(learner)}(?![\w-])", "<learner>", text)
     return text if len(text) <= 800 else text[:800] + " ..."
 
 
@@ -186,8 +195,10 @@ def class_report(name: str, root: Path) -> ClassReport:
 # -- showing it ---------------------------------------------------------------------------------
 
 
-def _first_line(text: str, width: int = 110) -> str:
-    line = " ".join(text.split())
+def _gist(text: str, width: int = 110) -> str:
+    """An example in one line: its likely-mistake lines where it has them, else its start."""
+    advice = re.search(r"Likely mistake: (.*?)(?:\n\[hint:|$)", ANSI.sub("", text), re.S)
+    line = " ".join((advice.group(1) if advice else text).split())
     return line if len(line) <= width else line[:width - 3] + "..."
 
 
@@ -209,7 +220,7 @@ def text_report(report: ClassReport, names: bool = False) -> str:
         out.append(f"\n{c.cell}: why points were lost")
         for m in c.mistakes:
             out.append(f"  {m.count:>4} x {m.key}")
-            out.append(f"         e.g. {_first_line(m.example)}")
+            out.append(f"         e.g. {_gist(m.example)}")
             if names:
                 out.append(f"         learners: {', '.join(m.learners)}")
     if report.not_graded:
@@ -221,7 +232,8 @@ def text_report(report: ClassReport, names: bool = False) -> str:
 
 
 def _bins(report: ClassReport) -> tuple[list[float], float]:
-    scores = [s for s, _ in report.totals.values()]
+    """The totals of the graded submissions (not those grading could not run) and the top."""
+    scores = [s for who, (s, _) in report.totals.items() if who not in report.not_graded]
     top = max((m for _, m in report.totals.values()), default=0.0)
     return scores, top
 
@@ -233,7 +245,9 @@ def text_histogram(report: ClassReport, width: int = 40) -> str:
         return "no graded submissions"
     counts = Counter(int(s) for s in scores)
     most = max(counts.values())
-    lines = [f"total score (out of {top:g}): learners"]
+    lines = [f"total score (out of {top:g}): learners"
+             + (f" ({len(report.not_graded)} not graded, not shown)" if report.not_graded
+                else "")]
     for points in range(int(top) + 1):
         n = counts.get(points, 0)
         lines.append(f"{points:>6} | {'#' * round(width * n / most)} {n or ''}".rstrip())
@@ -265,7 +279,7 @@ def histogram_png(report: ClassReport) -> bytes:
     ax.hist(scores, bins=edges, color="#4e79a7", edgecolor="white")
     ax.set_xlabel(f"total score (out of {top:g})")
     ax.set_ylabel("learners")
-    ax.set_title(f"{report.assignment}: {len(scores)} learner(s)")
+    ax.set_title(f"{report.assignment}: {len(scores)} graded learner(s)")
     ax.yaxis.get_major_locator().set_params(integer=True)
     fig.tight_layout()
     buf = io.BytesIO()

@@ -394,5 +394,6 @@ def grade_class(name: str, *, root: Path | None = None, jobs: int | None = None,
     return summary
 
 
-__all__ = ["Outcome", "Summary", "default_jobs", "fingerprint", "grade_class", "grade_one",
-           "gradebook_dump", "kill_tree", "record", "submissions"]
+__all__ = ["Outcome", "Summary", "default_jobs", "ensure_assignment", "fingerprint",
+           "grade_class", "grade_one", "gradebook_dump", "kill_tree", "open_gradebook", "record",
+           "submissions"]

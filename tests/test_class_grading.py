@@ -35,10 +35,12 @@ HANGS = {"predict": "import time\nwhile True:\n    time.sleep(0.2)"}
 KILLS = {"predict": "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)"}
 
 # learner -> what they hand in: "solution", "release", or a variant's replaced cells
-CLASS = {"ada": "solution", "ben": "release", "cy": ROWS["replace"], "dee": ROWS["replace"],
-         "eve": ALL_REDUCE["replace"], "fay": HANGS, "gus": KILLS}
-BROKEN = {"cy": ROWS, "dee": ROWS, "eve": ALL_REDUCE}
-NOT_GRADED = {"fay", "gus"}
+# (ids that no message contains by chance, so that the anonymity checks mean something)
+CLASS = {"ada_l17": "solution", "ben_l17": "release", "cy_l17": ROWS["replace"],
+         "dee_l17": ROWS["replace"], "eve_l17": ALL_REDUCE["replace"], "fay_l17": HANGS,
+         "gus_l17": KILLS}
+BROKEN = {"cy_l17": ROWS, "dee_l17": ROWS, "eve_l17": ALL_REDUCE}
+NOT_GRADED = {"fay_l17", "gus_l17"}
 # a legitimate submission takes 10-40 s here; the hang is stopped at this limit
 LIMIT = 100.0
 
@@ -110,15 +112,15 @@ def test_a_hang_and_a_dead_kernel_cost_their_own_time_and_say_so(graded):
         summary = graded[key]
         failed = {o.student: o for o in summary.failed}
         assert set(failed) == NOT_GRADED, graded["lines"]
-        assert "time limit" in failed["fay"].reason
-        assert failed["fay"].seconds < LIMIT + 30
-        assert "kernel" in failed["gus"].reason.lower(), failed["gus"].reason
-        assert failed["gus"].seconds < LIMIT
+        assert "time limit" in failed["fay_l17"].reason
+        assert failed["fay_l17"].seconds < LIMIT + 30
+        assert "kernel" in failed["gus_l17"].reason.lower(), failed["gus_l17"].reason
+        assert failed["gus_l17"].seconds < LIMIT
         for o in summary.outcomes:
             if o.student not in NOT_GRADED:
                 assert o.graded and o.seconds < LIMIT, o
     text = "\n".join(graded["lines"])
-    assert "[7/7]" in text and "fay: NOT GRADED" in text and "gus: NOT GRADED" in text
+    assert "[7/7]" in text and "fay_l17: NOT GRADED" in text and "gus_l17: NOT GRADED" in text
     dump = grading.gradebook_dump(course.gradebook_url(graded["two"]), NAME)
     for learner in NOT_GRADED:   # zero everywhere, waiting for the instructor
         grades = [v for k, v in dump[learner].items() if isinstance(v, tuple)]
@@ -150,7 +152,7 @@ def test_report_names_each_variants_mistake_under_the_cell_it_breaks(graded):
     report = class_report.class_report(NAME, graded["two"])
     graded_learners = set(CLASS) - NOT_GRADED
     for c in report.cells:
-        losers = {s for s, v in BROKEN.items() if c.cell in v["loses"]} | {"ben"}
+        losers = {s for s, v in BROKEN.items() if c.cell in v["loses"]} | {"ben_l17"}
         assert (c.full, c.partial, c.zero, c.not_graded) == (
             len(graded_learners - losers), 0, len(losers), len(NOT_GRADED)), c
         # the blank release is counted as not attempted, under every cell
@@ -172,7 +174,7 @@ def test_report_names_each_variants_mistake_under_the_cell_it_breaks(graded):
             if m.key != class_report.NOT_ATTEMPTED]
     assert len(rows) == 1 and rows[0].key.startswith("CheckFailed: for n=# over # ranks")
     assert sorted(report.not_graded) == sorted(NOT_GRADED)
-    assert report.totals["ada"] == (9.0, 9.0) and report.totals["ben"][0] == 0
+    assert report.totals["ada_l17"] == (9.0, 9.0) and report.totals["ben_l17"][0] == 0
 
 
 def test_report_is_anonymous_unless_asked_in_the_terminal_html_and_csv(graded, capsys):
@@ -191,16 +193,17 @@ def test_report_is_anonymous_unless_asked_in_the_terminal_html_and_csv(graded, c
     assert (gather["full"], gather["zero"], gather["not_graded"]) == ("3", "2", "2")
     rows_mistake = next(r for r in rows if r["cell"] == "my_rows_tests"
                         and r["mistake"].startswith("CheckFailed"))
-    assert rows_mistake["learners"] == "cy dee" and rows_mistake["learners_with_mistake"] == "2"
+    assert rows_mistake["learners"] == "cy_l17 dee_l17"
+    assert rows_mistake["learners_with_mistake"] == "2"
 
 
 def test_grades_csv_has_every_learners_total(graded, capsys):
     assert cli.main(["grades", "--root", str(graded["two"]), "--csv"]) == 0
     rows = {r["student"]: r for r in csv.DictReader(io.StringIO(capsys.readouterr().out))}
     assert set(rows) == set(CLASS)
-    assert rows["ada"]["score"] == "9" and rows["ada"]["max_score"] == "9"
-    assert rows["ben"]["score"] == "0"
-    assert rows["eve"]["score"] == "6"         # gather_tests (2) and gather_comm_tests (1) lost
+    assert rows["ada_l17"]["score"] == "9" and rows["ada_l17"]["max_score"] == "9"
+    assert rows["ben_l17"]["score"] == "0"
+    assert rows["eve_l17"]["score"] == "6"   # gather_tests (2) and gather_comm_tests (1) lost
     assert {s for s, r in rows.items() if r["needs_manual_grade"] == "True"} == NOT_GRADED
     with pytest.raises(ValueError, match="not in the gradebook: 99_nothing"):
         class_report.grades(graded["two"], ["99_nothing"])
@@ -210,11 +213,11 @@ def test_a_rerun_grades_only_what_changed_unless_forced(graded):
     root = graded["one"]
     again = grading.grade_class(NAME, root=root, jobs=2, timeout=LIMIT, say=lambda _: None)
     assert again.outcomes == [] and sorted(again.skipped) == sorted(CLASS)
-    _hand_in(root, "eve", source_notebook(NAME))          # eve hands in a fixed notebook
+    _hand_in(root, "eve_l17", source_notebook(NAME))   # eve hands in a fixed notebook
     fixed = grading.grade_class(NAME, root=root, jobs=2, timeout=LIMIT, say=lambda _: None)
-    assert [o.student for o in fixed.outcomes] == ["eve"] and fixed.outcomes[0].graded
+    assert [o.student for o in fixed.outcomes] == ["eve_l17"] and fixed.outcomes[0].graded
     rows = {r["student"]: r for r in class_report.grades(root, [NAME])}
-    assert rows["eve"]["score"] == 9 and rows["cy"]["score"] == 8
+    assert rows["eve_l17"]["score"] == 9 and rows["cy_l17"]["score"] == 8
     assert _grading_processes() == []
 
 
