@@ -15,6 +15,9 @@ A job that outlives its time limit is killed with every process under it (nbgrad
 ranks); one whose nbgrader fails (the kernel died) is recorded with zero points on every graded
 cell and flagged for manual grading, and the summary says why. A submission graded before and
 unchanged since (same files, same assignment source) is skipped unless `force`.
+
+Why it stays whole: one job (a scratch root, its nbgrader runs, killing what outlives it) and
+the one writer that records the jobs' results are two halves of one protocol, read together.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterable
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -151,8 +154,10 @@ def _last_error(log: str) -> str:
     return (errors or lines or ["no output"])[-1][:300]
 
 
-def _run(args: list[str], cwd: Path, deadline: float) -> tuple[int | None, str]:
-    """`nbgrader args` in cwd until the deadline: (exit code or None if killed, its log)."""
+def _run(args: list[str], cwd: Path, deadline: float,
+         live: set[subprocess.Popen]) -> tuple[int | None, str]:
+    """`nbgrader args` in cwd until the deadline: (exit code or None if killed, its log).
+    While it runs it is in `live`, so that an interrupted grade_class can kill it."""
     env = dict(os.environ)
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     # nbgrader_config.py and the kernel import dpmp_lab: from this checkout, wherever cwd is
@@ -162,11 +167,14 @@ def _run(args: list[str], cwd: Path, deadline: float) -> tuple[int | None, str]:
     with open(log, "a") as out:
         proc = subprocess.Popen([sys.executable, "-m", "nbgrader", *args], cwd=cwd, env=env,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        live.add(proc)
         try:
             code: int | None = proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             kill_tree(proc)
             code = None
+        finally:
+            live.discard(proc)
     return code, log.read_text(errors="replace")
 
 
@@ -182,7 +190,8 @@ def _scratch_root(root: Path, name: str, student: str, folder: Path, gradebook: 
 
 
 def grade_one(name: str, student: str, folder: Path, *, root: Path, gradebook: Path,
-              base: Path, timeout: float, cell_timeout: int | None = None) -> Outcome:
+              base: Path, timeout: float, cell_timeout: int | None = None,
+              live: set[subprocess.Popen] | None = None) -> Outcome:
     """Autograde one submission and write its feedback, in a scratch course root, within
     `timeout` seconds in all. Never raises for the submission's own trouble: says it."""
     start = time.monotonic()
@@ -190,12 +199,13 @@ def grade_one(name: str, student: str, folder: Path, *, root: Path, gradebook: P
     scratch = _scratch_root(root, name, student, folder, gradebook, base)
     extra = [f"--Execute.timeout={cell_timeout}"] if cell_timeout else []
     deadline = start + timeout
+    live = set() if live is None else live
     outcome = Outcome(student, fp, graded=False, scratch=scratch)
     code, log = _run(["autograde", name, "--create", f"--student={student}", *extra],
-                     scratch, deadline)
+                     scratch, deadline, live)
     if code == 0:
         code, log = _run(["generate_feedback", name, f"--student={student}", "--force"],
-                         scratch, deadline)
+                         scratch, deadline, live)
     outcome.seconds = time.monotonic() - start
     if code is None:
         outcome.reason = (f"stopped after the time limit of {timeout:g} s (a cell that never "
@@ -309,6 +319,16 @@ def _still_recorded(root: Path, name: str, students: Iterable[str]) -> set[str]:
     return have & set(students)
 
 
+def _outcome_of(future: Future, student: str) -> Outcome:
+    """The job's outcome; a job that itself broke (a disk full, say) is a submission not
+    graded, with the error as the reason, not the end of the class's grading."""
+    try:
+        return future.result()
+    except Exception as exc:
+        return Outcome(student, "", graded=False,
+                       reason=f"grading failed: {type(exc).__name__}: {exc}")
+
+
 def progress_line(done: int, total: int, outcome: Outcome, running: int) -> str:
     """'[3/12] alice: 7/8 points (14 s); 2 running' or '... NOT GRADED: why'."""
     if outcome.graded:
@@ -364,25 +384,38 @@ def grade_class(name: str, *, root: Path | None = None, jobs: int | None = None,
     try:
         snapshot = base / "gradebook.db"
         shutil.copy(root / "gradebook.db", snapshot)
+        live: set[subprocess.Popen] = set()
         with ThreadPoolExecutor(max_workers=jobs) as pool, \
                 open_gradebook(gradebook_url(root)) as gb:
-            pending = {pool.submit(grade_one, name, s, f, root=root, gradebook=snapshot,
-                                   base=base, timeout=timeout, cell_timeout=cell_timeout)
-                       for s, f in todo.items()}
-            while pending:
-                done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for future in done:
-                    outcome = future.result()
-                    record(gb, name, outcome)
-                    _install(root, name, outcome)
-                    state[outcome.student] = {"fingerprint": outcome.fingerprint,
-                                              "graded": outcome.graded,
-                                              "reason": outcome.reason}
-                    _save_state(root, name, state)
-                    outcomes.append(outcome)
-                    shutil.rmtree(outcome.scratch, ignore_errors=True)
-                    say(progress_line(len(outcomes), len(todo), outcome,
-                                      min(jobs, len(todo) - len(outcomes))))
+            of = {pool.submit(grade_one, name, s, f, root=root, gradebook=snapshot, base=base,
+                              timeout=timeout, cell_timeout=cell_timeout, live=live): s
+                  for s, f in todo.items()}
+            pending = set(of)
+            try:
+                while pending:
+                    done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                    for future in done:
+                        outcome = _outcome_of(future, of[future])
+                        record(gb, name, outcome)
+                        _install(root, name, outcome)
+                        state[outcome.student] = {"fingerprint": outcome.fingerprint,
+                                                  "graded": outcome.graded,
+                                                  "reason": outcome.reason}
+                        _save_state(root, name, state)
+                        outcomes.append(outcome)
+                        if outcome.scratch:
+                            shutil.rmtree(outcome.scratch, ignore_errors=True)
+                        say(progress_line(len(outcomes), len(todo), outcome,
+                                          min(jobs, len(todo) - len(outcomes))))
+            except BaseException:   # Ctrl-C or a broken gradebook: stop every job, then say
+                for future in pending:
+                    future.cancel()
+                while live:
+                    for proc in list(live):
+                        kill_tree(proc)
+                        live.discard(proc)
+                    time.sleep(0.1)   # a job between two nbgrader runs may start one more
+                raise
     finally:
         shutil.rmtree(base, ignore_errors=True)
     summary = Summary(name, outcomes, skipped, time.monotonic() - started)

@@ -148,7 +148,7 @@ def _cell(report: class_report.ClassReport, name: str) -> class_report.CellCount
     return next(c for c in report.cells if c.cell == name)
 
 
-def test_report_names_each_variants_mistake_under_the_cell_it_breaks(graded):
+def test_report_names_each_variants_mistake_under_the_cell_it_spoils(graded):
     report = class_report.class_report(NAME, graded["two"])
     graded_learners = set(CLASS) - NOT_GRADED
     for c in report.cells:
@@ -243,3 +243,32 @@ def test_a_failure_is_keyed_by_its_hints_else_by_its_masked_message():
     assert keys("LaunchError", "rank 0 raised NotImplementedError") == [
         class_report.NOT_ATTEMPTED]
     assert keys("CellTimeoutError", "") == [class_report.TIMEOUT]
+
+
+def test_a_job_that_breaks_costs_its_own_submission_only(tmp_path, monkeypatch):
+    """The parent's side alone (no nbgrader run): a job raising is recorded as not graded,
+    with zero points and its error as the reason, and the other submissions go on."""
+    root = _course_root(tmp_path / "c")
+    for learner in ("ok_l17", "broken_l17"):
+        _hand_in(root, learner, source_notebook(NAME))
+    def fake(name, student, folder, **kw):
+        if student == "broken_l17":
+            raise OSError("No space left on device")
+        out = grading.Outcome(student, grading.fingerprint(folder, root / "solutions" / NAME),
+                              graded=True)
+        with grading.open_gradebook(course.gradebook_url(root)) as gb:
+            for g in gb.find_notebook(NAME, NAME).grade_cells:
+                out.scores[(NAME, g.name)] = (g.max_score, False)
+        return out
+
+    monkeypatch.setattr(grading, "grade_one", fake)
+    lines: list[str] = []
+    summary = grading.grade_class(NAME, root=root, jobs=2, say=lines.append)
+    [failed] = summary.failed
+    assert failed.student == "broken_l17" and "OSError: No space left" in failed.reason
+    rows = {r["student"]: r for r in class_report.grades(root, [NAME])}
+    assert rows["ok_l17"]["score"] == 9 and rows["broken_l17"]["score"] == 0
+    assert rows["broken_l17"]["needs_manual_grade"]
+    assert any("broken_l17: NOT GRADED: grading failed: OSError" in line for line in lines)
+    again = grading.grade_class(NAME, root=root, jobs=2, say=lines.append)
+    assert [o.student for o in again.outcomes] == ["broken_l17"]   # tried again: no fingerprint
