@@ -19,10 +19,13 @@ from pathlib import Path
 
 import nbformat
 import pytest
+import torch
 
 from dpmp_lab import class_report, cli, course, grading
+from dpmp_lab.check import hints
 
 from .conftest import ROOT
+from .test_check_package import COMM_CASES, comm_failure, trace_of
 from .test_course import _with_replacements, source_notebook, variants
 
 pytestmark = pytest.mark.timeout(1500)
@@ -272,3 +275,30 @@ def test_a_job_that_breaks_costs_its_own_submission_only(tmp_path, monkeypatch):
     assert any("broken_l17: NOT GRADED: grading failed: OSError" in line for line in lines)
     again = grading.grade_class(NAME, root=root, jobs=2, say=lines.append)
     assert [o.student for o in again.outcomes] == ["broken_l17"]   # tried again: no fingerprint
+
+
+# -- the keys the report counts ------------------------------------------------------------------
+
+
+def test_every_likely_mistake_has_its_own_key():
+    keys = [h.key for h in hints.COMM_HINTS + hints.SCALE_HINTS]
+    assert len(set(keys)) == len(keys)
+    assert not {"comm.grader", "scale.grader"} & set(keys)
+
+
+@pytest.mark.parametrize("case", range(len(COMM_CASES)))
+def test_a_comm_failure_prints_the_key_of_its_hint(case):
+    calls, expected, kw, _ = COMM_CASES[case]   # one case per COMM_HINTS entry, in order
+    msg = comm_failure(trace_of(*calls), expected, **kw)
+    assert class_report.failure_keys("CheckFailed", msg)[-1] == hints.COMM_HINTS[case].key
+
+
+def test_an_exercises_own_words_and_a_scale_hint_are_keyed():
+    calls, expected, kw, _ = COMM_CASES[4]      # an all_reduce where an all_gather belongs
+    msg = comm_failure(trace_of(*calls), expected, hints={"all_gather": "use one all_gather"})
+    assert class_report.failure_keys("CheckFailed", msg) == [
+        "exercise.all_gather", "comm.all_reduce_for_all_gather"]
+    e = torch.arange(1.0, 5.0)
+    assert hints.keyed_scale_hint(4 * e, e, 1e-6, 1e-6, world=4)[0] == (
+        "scale.sum_over_ranks_not_divided")
+    assert hints.scale_hint(4 * e, e, 1e-6, 1e-6, world=4).startswith("every element is 4x")
