@@ -138,6 +138,13 @@ def _cell_order(root: Path, name: str) -> list[str]:
     return order
 
 
+def _gradebook_of(root: Path) -> str:
+    if not (root / "gradebook.db").exists():
+        raise ValueError(f"no gradebook.db in {root}: nothing graded there yet "
+                         "(dpmp-lab grade NAME)")
+    return gradebook_url(root)
+
+
 def class_report(name: str, root: Path) -> ClassReport:
     """Count the class's results and mistakes for assignment `name` in course root `root`."""
     state_file = root / ".dpmp_grading" / f"{name}.json"
@@ -146,7 +153,7 @@ def class_report(name: str, root: Path) -> ClassReport:
     cells: dict[tuple[str, str], CellCounts] = {}
     totals: dict[str, tuple[float, float]] = {}
     found: dict[tuple[str, str], dict[str, list[tuple[str, str]]]] = {}
-    with open_gradebook(gradebook_url(root)) as gb:
+    with open_gradebook(_gradebook_of(root)) as gb:
         try:
             assignment = gb.find_assignment(name)
         except MissingEntry:
@@ -333,7 +340,7 @@ def grades(root: Path, names: list[str] | None = None) -> list[dict]:
     """One row per learner and assignment: nbgrader's total score, its maximum, and whether a
     cell waits for manual grading. Assignments in course order, learners sorted."""
     rows = []
-    with open_gradebook(gradebook_url(root)) as gb:
+    with open_gradebook(_gradebook_of(root)) as gb:
         known = sorted(a.name for a in gb.assignments)
         unknown = sorted(set(names or ()) - set(known))
         if unknown:

@@ -222,6 +222,12 @@ def main(argv: list[str] | None = None) -> int:
     if extra and args.func is not lab:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.extra = extra
+    if args.func in (grade, report, grades):
+        try:   # bad input to the instructor's commands: one line, not a traceback
+            return args.func(args)
+        except ValueError as exc:
+            print(f"dpmp-lab {args.command}: {exc}", file=sys.stderr)
+            return 2
     return args.func(args)
 
 

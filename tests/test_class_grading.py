@@ -226,6 +226,8 @@ def test_a_rerun_grades_only_what_changed_unless_forced(graded):
 
 def test_bad_requests_are_refused_before_anything_runs(tmp_path):
     root = _course_root(tmp_path / "c")
+    assert cli.main(["report", NAME, "--root", str(root)]) == 2   # no gradebook: one line
+    assert not (root / "gradebook.db").exists()
     with pytest.raises(ValueError, match="no such assignment"):
         grading.grade_class("99_nothing", root=root)
     with pytest.raises(ValueError, match="jobs must be"):
