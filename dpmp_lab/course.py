@@ -77,7 +77,9 @@ def release(names: list[str] | None = None, *, root: Path | None = None,
 
 
 def grade(name: str, *, root: Path | None = None) -> None:
-    """Autograde every submission of `name` in submitted/ and write feedback/ HTML."""
+    """Autograde every submission of `name` in submitted/ and write feedback/ HTML, in one
+    nbgrader run, one submission after the other (`dpmp-lab grade` runs grading.grade_class,
+    which grades them in parallel)."""
     root = root or repo_root()
     if name not in assignments(root):
         raise ValueError(f"no such assignment in solutions/: {name}")
