@@ -221,6 +221,12 @@ def test_a_rerun_grades_only_what_changed_unless_forced(graded):
     assert [o.student for o in fixed.outcomes] == ["eve_l17"] and fixed.outcomes[0].graded
     rows = {r["student"]: r for r in class_report.grades(root, [NAME])}
     assert rows["eve_l17"]["score"] == 9 and rows["cy_l17"]["score"] == 8
+    forced = grading.grade_class(NAME, root=root, jobs=2, timeout=LIMIT, force=True,
+                                 students=["cy_l17"], say=lambda _: None)
+    assert [(o.student, o.graded) for o in forced.outcomes] == [("cy_l17", True)]
+    assert forced.skipped == []
+    rows = {r["student"]: r for r in class_report.grades(root, [NAME])}
+    assert rows["cy_l17"]["score"] == 8 and len(rows) == len(CLASS)
     assert _grading_processes() == []
 
 
