@@ -1,5 +1,6 @@
 """The `dpmp-lab` command: `doctor` checks this machine, `lab` opens the course in JupyterLab,
-`release` regenerates course/ from solutions/, `grade` autogrades submissions (nbgrader)."""
+`release` regenerates course/ from solutions/, `grade` autogrades submissions in parallel
+(nbgrader), `report` says what a class got wrong, `grades` writes every learner's totals."""
 
 from __future__ import annotations
 
@@ -116,10 +117,59 @@ def release(args: argparse.Namespace) -> int:
     return 0
 
 
+# The instructor's commands import nbgrader (and the report matplotlib), which the learners'
+# install may lack: imported when such a command runs, so `doctor` and `lab` never need them.
+
+
 def grade(args: argparse.Namespace) -> int:
-    """Autograde submitted/*/<assignment> and write feedback/ (nbgrader)."""
-    course.grade(args.assignment)
+    """Autograde submitted/*/<assignment> in parallel jobs and write feedback/ (nbgrader)."""
+    from dpmp_lab import grading
+
+    summary = grading.grade_class(args.assignment, root=args.root, jobs=args.jobs,
+                                  timeout=args.timeout,
+                                  cell_timeout=args.cell_timeout, force=args.force,
+                                  students=args.student or None)
+    return 1 if summary.failed else 0
+
+
+def report(args: argparse.Namespace) -> int:
+    """What the class got wrong in an assignment: the terminal table, reports/NAME.html, or CSV."""
+    from dpmp_lab import class_report
+
+    root = args.root or course.repo_root()
+    rep = class_report.class_report(args.assignment, root)
+    if args.csv:
+        sys.stdout.write(class_report.csv_report(rep, names=args.names))
+        return 0
+    print(class_report.text_report(rep, names=args.names))
+    if not args.no_html:
+        print(f"\nwritten: {class_report.write_html(rep, root, names=args.names)}")
     return 0
+
+
+def grades(args: argparse.Namespace) -> int:
+    """Every learner's total per assignment, from nbgrader's gradebook."""
+    from dpmp_lab import class_report
+
+    rows = class_report.grades(args.root or course.repo_root(), args.assignments or None)
+    if args.csv:
+        sys.stdout.write(class_report.grades_csv(rows))
+    else:
+        print(class_report.grades_text(rows))
+    return 0
+
+
+def _jobs(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"--jobs must be at least 1, got {n}")
+    return n
+
+
+def _root_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--root", type=Path, default=None,
+                   help="the course root: nbgrader_config.py, solutions/, submitted/, "
+                        "gradebook.db (default: this checkout)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,11 +191,43 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=release)
     p = sub.add_parser("grade", help="autograde submitted/*/ASSIGNMENT, write feedback/")
     p.add_argument("assignment")
+    p.add_argument("-j", "--jobs", type=_jobs, default=None,
+                   help="submissions graded at once (default: the cores, at most the "
+                        "submissions)")
+    p.add_argument("--timeout", type=float, default=1800.0,
+                   help="seconds one submission may take in all before it is stopped "
+                        "(default 1800)")
+    p.add_argument("--cell-timeout", type=int, default=None,
+                   help="seconds per cell (default: nbgrader_config.py's Execute.timeout)")
+    p.add_argument("--force", action="store_true",
+                   help="regrade submissions that did not change since they were graded")
+    p.add_argument("--student", action="append", default=[],
+                   help="grade only this learner (repeatable)")
+    _root_option(p)
     p.set_defaults(func=grade)
+    p = sub.add_parser("report", help="what a class got wrong in ASSIGNMENT")
+    p.add_argument("assignment")
+    p.add_argument("--csv", action="store_true", help="CSV on stdout, for a spreadsheet")
+    p.add_argument("--names", action="store_true",
+                   help="show which learners made each mistake (default: anonymised)")
+    p.add_argument("--no-html", action="store_true", help="do not write reports/NAME.html")
+    _root_option(p)
+    p.set_defaults(func=report)
+    p = sub.add_parser("grades", help="each learner's total per assignment")
+    p.add_argument("assignments", nargs="*", help="assignments (default: every graded one)")
+    p.add_argument("--csv", action="store_true", help="CSV on stdout, for a spreadsheet")
+    _root_option(p)
+    p.set_defaults(func=grades)
     args, extra = parser.parse_known_args(argv)
     if extra and args.func is not lab:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.extra = extra
+    if args.func in (grade, report, grades):
+        try:   # bad input to the instructor's commands: one line, not a traceback
+            return args.func(args)
+        except ValueError as exc:
+            print(f"dpmp-lab {args.command}: {exc}", file=sys.stderr)
+            return 2
     return args.func(args)
 
 

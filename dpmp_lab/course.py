@@ -18,6 +18,7 @@ from pathlib import Path
 from dpmp_lab._helpers import tail
 
 ASSIGNMENT = re.compile(r"\d\d_[a-z0-9_]+")
+COURSE_ID = "dpmp_lab"   # as nbgrader_config.py names the course in the gradebook
 
 
 def repo_root() -> Path:
@@ -27,6 +28,11 @@ def repo_root() -> Path:
         raise RuntimeError(f"no solutions/ folder next to dpmp_lab in {root}: the course "
                            "commands need a checkout of the project, not an installed wheel")
     return root
+
+
+def gradebook_url(root: Path | None = None) -> str:
+    """nbgrader's gradebook of the course in `root` (nbgrader's default place for it)."""
+    return f"sqlite:///{(root or repo_root()) / 'gradebook.db'}"
 
 
 def assignments(root: Path | None = None) -> list[str]:
@@ -71,7 +77,9 @@ def release(names: list[str] | None = None, *, root: Path | None = None,
 
 
 def grade(name: str, *, root: Path | None = None) -> None:
-    """Autograde every submission of `name` in submitted/ and write feedback/ HTML."""
+    """Autograde every submission of `name` in submitted/ and write feedback/ HTML, in one
+    nbgrader run, one submission after the other (`dpmp-lab grade` runs grading.grade_class,
+    which grades them in parallel)."""
     root = root or repo_root()
     if name not in assignments(root):
         raise ValueError(f"no such assignment in solutions/: {name}")

@@ -17,7 +17,14 @@ from typing import Any
 from dpmp_lab import integrity
 from dpmp_lab._helpers import indent, ranks_text
 from dpmp_lab.check.failed import CheckFailed
-from dpmp_lab.check.hints import OVERLAP_HINT, CommTable, Row, likely_mistakes, where
+from dpmp_lab.check.hints import (
+    OVERLAP_HINT,
+    CommTable,
+    Row,
+    keyed_likely_mistakes,
+    tag,
+    where,
+)
 from dpmp_lab.render import Table, cell, human_bytes
 from dpmp_lab.trace import Trace, matcher, traces_of
 
@@ -82,7 +89,8 @@ def overlaps_backward(traces: Any, op: str = "all_reduce", group: Any = None, *,
                     "backward.", []).append(rank)
     if failures:
         lines = [f"On {ranks_text(ranks)}, {message}" for message, ranks in failures.items()]
-        raise CheckFailed("\n".join(lines) + f"\nLikely mistake: {hint}")
+        raise CheckFailed("\n".join(lines) + f"\nLikely mistake: {hint}\n"
+                          + tag(["overlap.after_backward" if hint == OVERLAP_HINT else "exercise.overlap"]))
 
 
 def parse_key(key: Any) -> Key:
@@ -131,9 +139,11 @@ def _rank_report(t: Trace, expected: Mapping, only: bool, want_bytes: Mapping | 
         marks=[r.wrong for r in table.rows])))
     if bytes_lines:
         text += "\n\n" + "\n".join(bytes_lines)
-    advice = likely_mistakes(table, {parse_key(k): v for k, v in (hints or {}).items()})
+    advice = keyed_likely_mistakes(table, {parse_key(k): v for k, v in (hints or {}).items()})
     if advice:
-        text += "\n\nLikely mistake: " + "\nAlso: ".join(advice)
+        messages = list(dict.fromkeys(msg for _, msg in advice))
+        text += ("\n\nLikely mistake: " + "\nAlso: ".join(messages)
+                 + "\n" + tag(key for key, _ in advice))
     return text
 
 

@@ -22,11 +22,16 @@ is the message, or a function of (row, table) that writes it. SCALE_HINTS works 
 a Scale. The words of one exercise for one key go in `dl.check.comm(..., hints={key: message})`
 instead; they are shown before the table's. Hints are read only once a check has failed, so an
 entry changes what a failure says, never whether a check passes.
+
+Every entry has a `key` (e.g. "comm.one_per_parameter"), printed after the hints of a failure as
+"[hint: comm.one_per_parameter]" so that `dpmp-lab report` counts a class's mistakes by key, not
+by their words (which carry numbers); an exercise's own words are keyed "exercise.<op>...".
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +40,22 @@ import torch
 
 from dpmp_lab.render import cell
 from dpmp_lab.trace import CommEvent, matcher
+
+# -- the keys a failure carries ----------------------------------------------------------------
+
+HINT_TAG = re.compile(r"\[hint: ([A-Za-z0-9_.:-]+)\]")
+
+
+def tag(keys: Iterable[str]) -> str:
+    """'[hint: a] [hint: b]': the keys of a failure's hints, as its message carries them."""
+    return " ".join(f"[hint: {k}]" for k in dict.fromkeys(keys))
+
+
+def exercise_key(key: tuple) -> str:
+    """The key of an exercise's own words for communication key (op, group, phase)."""
+    return "exercise." + ".".join(re.sub(r"[^A-Za-z0-9_]+", "_", str(p)) for p in key
+                                  if p is not None)
+
 
 # -- the fixed hints of single checks -----------------------------------------------------------
 
@@ -77,6 +98,7 @@ class ScaleHint:
 
     when: Callable[[Scale], bool]
     says: str | Callable[[Scale], str]
+    key: str = "scale.grader"
 
 
 # A whole factor n reads as a sum over n ranks or micro-batches not divided by n; when n exceeds
@@ -84,27 +106,28 @@ class ScaleHint:
 SCALE_HINTS: list[ScaleHint] = [
     ScaleHint(lambda s: s.factor == 0,
               "every element is zero: the value was never filled in, or was zeroed after it "
-              "was computed (zero_grad in the wrong place?)"),
+              "was computed (zero_grad in the wrong place?)", key="scale.zero"),
     ScaleHint(lambda s: s.whole is not None and s.world is not None and s.whole > s.world
               and s.factor < 1,
               lambda s: f"every element is 1/{s.whole} of the reference: divided by {s.whole} "
                         f"once too often (not the ranks: this run has {s.world}), or a wrong "
-                        "constant factor in the formula"),
+                        "constant factor in the formula", key="scale.divided_too_often"),
     ScaleHint(lambda s: s.whole is not None and s.world is not None and s.whole > s.world,
               lambda s: f"every element is {s.whole}x the reference: a sum over {s.whole} "
                         f"micro-batches or parts that was not divided by {s.whole} (not over "
                         f"the ranks: this run has {s.world}), or a wrong constant factor in the "
-                        "formula"),
+                        "formula", key="scale.sum_not_divided"),
     ScaleHint(lambda s: s.whole is not None and s.factor > 1,
               lambda s: f"every element is {s.whole}x the reference: a sum over {s.whole} ranks "
                         f"or micro-batches that was not divided by {s.whole} (an average is "
-                        "sum / count)"),
+                        "sum / count)", key="scale.sum_over_ranks_not_divided"),
     ScaleHint(lambda s: s.whole is not None,
               lambda s: f"every element is 1/{s.whole} of the reference: divided by {s.whole} "
                         f"once too often, or only this rank's part without the sum over "
-                        f"{s.whole} ranks"),
+                        f"{s.whole} ranks", key="scale.divided_by_ranks_too_often"),
     ScaleHint(lambda s: True,
-              lambda s: f"every element is {s.factor:.3g}x the reference (a wrong scale factor)"),
+              lambda s: f"every element is {s.factor:.3g}x the reference (a wrong scale factor)",
+              key="scale.wrong_factor"),
 ]
 
 
@@ -113,18 +136,24 @@ def scale_hint(actual: torch.Tensor, expected: torch.Tensor, rtol: float, atol: 
     """The likely mistake when `actual` is `expected` times a constant other than 1, else ''.
 
     The constant is the least-squares fit; the fit must hold within 10x the tolerance."""
+    return keyed_scale_hint(actual, expected, rtol, atol, world)[1]
+
+
+def keyed_scale_hint(actual: torch.Tensor, expected: torch.Tensor, rtol: float, atol: float,
+                     world: int | None = None) -> tuple[str, str]:
+    """(key, message) of scale_hint's likely mistake, ('', '') when there is none."""
     denom = (expected * expected).sum().item()
     if denom == 0:
-        return ""
+        return "", ""
     factor = (actual * expected).sum().item() / denom
     if (not math.isfinite(factor) or abs(factor - 1) < 1e-3
             or not torch.allclose(actual, factor * expected, rtol=10 * rtol, atol=10 * atol)):
-        return ""
+        return "", ""
     scale = Scale(factor, world)
     hint = next((h for h in SCALE_HINTS if h.when(scale)), None)
     if hint is None:
-        return ""
-    return hint.says if isinstance(hint.says, str) else hint.says(scale)
+        return "", ""
+    return hint.key, hint.says if isinstance(hint.says, str) else hint.says(scale)
 
 
 # -- a rank's communication, expected against seen ---------------------------------------------
@@ -198,6 +227,7 @@ class CommHint:
     when: Callable[[Row, CommTable], bool]
     says: str | Callable[[Row, CommTable], str]
     accounts_for: Callable[[Row, CommTable], Iterable[Row]] = _nothing
+    key: str = "comm.grader"
 
 
 # -- the words the comm hints share ----------------------------------------------------------------
@@ -269,57 +299,64 @@ COMM_HINTS: list[CommHint] = [
     CommHint(lambda row, t: (row.expected is not None and row.op == "all_reduce"
                              and bool(t.n_params) and row.seen == t.n_params > row.expected),
              lambda row, t: f"{row.seen} all-reduces = one per parameter tensor: flatten the "
-                            "gradients into one buffer (or bucket them) and all-reduce that"),
+                            "gradients into one buffer (or bucket them) and all-reduce that",
+             key="comm.one_per_parameter"),
 
     # the expected op was issued, but not where the key says: its first such call tells where.
     # (In the same group and any phase, it would have matched the key: group or phase differs.)
-    CommHint(_to_another_group, _another_group_words, _the_call_elsewhere),
+    CommHint(_to_another_group, _another_group_words, _the_call_elsewhere, key="comm.wrong_group"),
     CommHint(lambda row, t: _elsewhere(row, t) is not None and row.phase is not None,
              lambda row, t: f"the {row.op} was issued {_phase_words(_elsewhere(row, t).phase)}, "
                             f"not {_phase_words(row.phase)}: {_phase_advice(row.phase)}",
-             _the_call_elsewhere),
+             _the_call_elsewhere, key="comm.wrong_phase"),
 
     # one collective where another belongs
     CommHint(_instead("all_reduce", "all_gather"),
              "an all_gather where an all_reduce belongs: partial results must be summed "
-             "(all_reduce), not concatenated", _every_unexpected),
+             "(all_reduce), not concatenated", _every_unexpected,
+             key="comm.all_gather_for_all_reduce"),
     CommHint(_instead("all_gather", "all_reduce"),
              "an all_reduce where an all_gather belongs: the shards must be concatenated "
-             "(all_gather), not summed", _every_unexpected),
+             "(all_gather), not summed", _every_unexpected,
+             key="comm.all_reduce_for_all_gather"),
     CommHint(_instead("reduce_scatter", "all_reduce"),
              "a full all_reduce where a reduce_scatter is enough: each rank only needs its own "
-             "shard of the sum", _every_unexpected),
+             "shard of the sum", _every_unexpected,
+             key="comm.all_reduce_for_reduce_scatter"),
     CommHint(lambda row, t: (_none_seen(row) and row.op in P2P
                              and bool(t.unexpected_ops - set(P2P))),
              lambda row, t: f"torch's {', '.join(sorted(t.unexpected_ops - set(P2P)))} was "
                             "called, but this exercise builds the communication from "
                             f"point-to-point messages: {P2P_ADVICE}",
-             _every_unexpected),
+             _every_unexpected, key="comm.collective_for_send_recv"),
 
     # the count of an expected op
     CommHint(lambda row, t: _none_seen(row),
              lambda row, t: f"no {row.op} was issued{where(row.group, row.phase)}: the step that "
-                            "should communicate is missing (or never reached on this rank)"),
+                            "should communicate is missing (or never reached on this rank)",
+             key="comm.none_issued"),
     CommHint(lambda row, t: bool(row.expected) and row.seen % row.expected == 0,
              lambda row, t: f"{row.seen // row.expected}x the expected number of {row.op} calls"
                             f"{where(row.group, row.phase)}: issued once per parameter or per "
                             "micro-batch instead of once per step, or twice (in a hook and "
-                            "again after backward)?"),
+                            "again after backward)?", key="comm.multiple_of_expected"),
     CommHint(lambda row, t: row.expected is not None and row.seen > row.expected,
              lambda row, t: f"{row.seen - row.expected} {row.op} call(s) more than needed"
-                            f"{where(row.group, row.phase)}"),
+                            f"{where(row.group, row.phase)}", key="comm.more_than_needed"),
     CommHint(lambda row, t: row.expected is not None,
              lambda row, t: f"{row.expected - row.seen} {row.op} call(s) missing"
-                            f"{where(row.group, row.phase)}"),
+                            f"{where(row.group, row.phase)}", key="comm.calls_missing"),
 
     # calls nobody expected
     CommHint(lambda row, t: (row.op not in P2P and bool(t.expected_ops)
                              and t.expected_ops <= set(P2P)),
              lambda row, t: f"this exercise builds its communication from send/recv only, but "
-                            f"torch's {row.op} was called: {P2P_ADVICE}"),
+                            f"torch's {row.op} was called: {P2P_ADVICE}",
+             key="comm.collective_in_send_recv_exercise"),
     CommHint(lambda row, t: True,
              lambda row, t: f"{row.seen} unexpected {row.op} call(s) on group {cell(row.group)}: "
-                            "communication the algorithm does not need costs time; remove it"),
+                            "communication the algorithm does not need costs time; remove it",
+             key="comm.unexpected"),
 ]
 
 
@@ -331,21 +368,30 @@ def likely_mistakes(table: CommTable, custom: Mapping[tuple, str] | None = None)
     custom: {(op, group, phase): message}, an exercise's words for the row of that key and for
     calls nobody expected that the key matches (shown even when accounted for).
     """
+    return list(dict.fromkeys(msg for _, msg in keyed_likely_mistakes(table, custom)))
+
+
+def keyed_likely_mistakes(table: CommTable,
+                          custom: Mapping[tuple, str] | None = None) -> list[tuple[str, str]]:
+    """likely_mistakes as (key, message) pairs: COMM_HINTS entries by their key, an exercise's
+    own words by exercise_key of its communication key."""
     custom = custom or {}
-    out: list[str] = []
+    out: list[tuple[str, str]] = []
     accounted: set[Row] = set()
     for row in table.rows:
         if not row.wrong:
             continue
         if row.expected is not None:
-            out += [custom[row.key]] if row.key in custom else []
+            out += [(exercise_key(row.key), custom[row.key])] if row.key in custom else []
         else:
-            out += [msg for key, msg in custom.items() if matcher(*key)(row.example)][:1]
+            out += [(exercise_key(key), msg) for key, msg in custom.items()
+                    if matcher(*key)(row.example)][:1]
             if row in accounted:
                 continue
         hint = next((h for h in COMM_HINTS if h.when(row, table)), None)
         if hint is None:
             continue
-        out.append(hint.says if isinstance(hint.says, str) else hint.says(row, table))
+        out.append((hint.key, hint.says if isinstance(hint.says, str)
+                    else hint.says(row, table)))
         accounted.update(hint.accounts_for(row, table))
     return list(dict.fromkeys(out))

@@ -20,7 +20,7 @@ from dpmp_lab import integrity
 from dpmp_lab._helpers import ranks_text
 from dpmp_lab.check import communication
 from dpmp_lab.check.failed import CheckFailed
-from dpmp_lab.check.hints import REPLICA_HINT, scale_hint
+from dpmp_lab.check.hints import REPLICA_HINT, keyed_scale_hint, tag
 from dpmp_lab.launch import launch
 from dpmp_lab.models import default_dtype
 
@@ -89,7 +89,8 @@ def same_on_all_ranks(values: Sequence[Any], names: Iterable[str] | None = None,
                        f"{mine[at].item():.6g}, rank 0 has {first[at].item():.6g})")
             raise CheckFailed(
                 f"On rank {rank}, {name!r} {how}. Replicas must stay identical.\n"
-                f"Likely mistake: {hint}")
+                f"Likely mistake: {hint}\n"
+                + tag(["replicas_differ" if hint == REPLICA_HINT else "exercise.replicas"]))
 
 
 def grads(module: torch.nn.Module, prefix: str = "grad ") -> dict[str, torch.Tensor | None]:
@@ -211,8 +212,8 @@ def _difference(actual: Any, expected: Any, rtol: float, atol: float,
             f"{' at ' + str(list(at)) if at else ''} (got {a64[at].item():.6g}, "
             f"expected {e64[at].item():.6g}), max rel error {rel:.3g}; allowed "
             f"|got - expected| <= {atol:g} + {rtol:g} * |expected|")
-    hint = scale_hint(a64, e64, rtol, atol, world)
-    return text + (f".\n  Likely mistake: {hint}" if hint else "")
+    key, hint = keyed_scale_hint(a64, e64, rtol, atol, world)
+    return text + (f".\n  Likely mistake: {hint} {tag([key])}" if hint else "")
 
 
 def _shape_difference(a: torch.Tensor, e: torch.Tensor) -> str:

@@ -1,0 +1,435 @@
+"""Grading a class in parallel: `dpmp-lab grade NAME --jobs N`.
+
+nbgrader keeps one sqlite gradebook, and `nbgrader autograde` processes sharing it would rely
+on sqlite's file lock: a writer waits at most its busy timeout (5 s in Python's sqlite3) and
+then fails with "database is locked", which a long autograde commit under load can exceed; and
+two autogrades of one assignment without --student grade the same students into the same
+autograded/ folders. (The "two autogrades at once" failure seen in tests/test_course.py was
+another thing: ast.parse in several threads of one CPython 3.11 process. Jobs here are
+processes.) So no job here touches the course's gradebook: each submission is autograded (and
+its feedback written) by its own nbgrader process, in a scratch course root of its own, with a
+copy of the gradebook taken before any job started, its own kernel and its own rank processes.
+The parent alone, in one thread, writes each result into the course's gradebook as it arrives
+(`record`), and copies the autograded notebook and feedback into place. A result replaces
+whatever the gradebook held for that student, so the gradebook ends the same whatever order
+the jobs finish in: no grade lost, none doubled.
+
+A job that outlives its time limit is killed with every process under it (nbgrader, kernel,
+ranks); one whose nbgrader fails (the kernel died) is recorded with zero points on every graded
+cell and flagged for manual grading, and the summary says why. A submission graded before and
+unchanged since (same files, same assignment source) is skipped unless `force`.
+
+Why it stays whole: one job (a scratch root, its nbgrader runs, killing what outlives it) and
+the one writer that records the jobs' results are two halves of one protocol, read together.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from nbgrader.api import Gradebook, MissingEntry
+from sqlalchemy.exc import SAWarning
+
+from dpmp_lab.course import COURSE_ID, assignments, gradebook_url, nbgrader, repo_root
+from dpmp_lab.launch import usable_cores
+
+STATE = ".dpmp_grading"        # {assignment}.json: what was graded, from which files
+PACKAGE_HOME = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Outcome:
+    """What grading one submission gave: nbgrader's scores per (notebook, graded cell), or why
+    there are none. Plain data, so the parent can record it in any order."""
+
+    student: str
+    fingerprint: str
+    graded: bool
+    reason: str = ""                     # why not graded (time limit, nbgrader's error)
+    seconds: float = 0.0
+    timestamp: datetime | None = None
+    scores: dict[tuple[str, str], tuple[float | None, bool]] = field(default_factory=dict)
+    comments: dict[tuple[str, str], str | None] = field(default_factory=dict)
+    penalties: dict[str, float] = field(default_factory=dict)
+    scratch: Path | None = None          # the job's course root: autograded/ and feedback/
+
+
+@dataclass
+class Summary:
+    """What `grade_class` did: the outcomes of the submissions it graded, and who it skipped."""
+
+    assignment: str
+    outcomes: list[Outcome]
+    skipped: list[str]
+    seconds: float
+
+    @property
+    def failed(self) -> list[Outcome]:
+        return [o for o in self.outcomes if not o.graded]
+
+
+def open_gradebook(url: str) -> Gradebook:
+    """nbgrader's Gradebook at `url`, for use in a with-statement. nbgrader runs its helper
+    `alembic` by name when it opens a database, so this Python's scripts go on PATH."""
+    here = os.path.dirname(sys.executable)
+    if here not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = here + os.pathsep + os.environ.get("PATH", "")
+    return Gradebook(url, COURSE_ID)
+
+
+def submissions(name: str, root: Path) -> dict[str, Path]:
+    """{student: submitted/<student>/<name>} for every student who submitted `name`."""
+    base = root / "submitted"
+    if not base.is_dir():
+        return {}
+    return {p.parent.name: p for p in sorted(base.glob(f"*/{name}")) if p.is_dir()}
+
+
+def fingerprint(folder: Path, source: Path) -> str:
+    """A hash of every file of a submission and of the assignment's source: what a grade was
+    computed from. Either changing means the grade may change."""
+    h = hashlib.sha256()
+    for top in (folder, source):
+        for path in sorted(p for p in top.rglob("*") if p.is_file()):
+            if ".ipynb_checkpoints" in path.parts:
+                continue
+            h.update(str(path.relative_to(top)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def default_jobs(n_submissions: int) -> int:
+    """The cores this process may use, at most one job per submission."""
+    return max(1, min(usable_cores(), n_submissions))
+
+
+# -- one job: one submission in a scratch course root ---------------------------------------------
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid` (Linux /proc), children first found first."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            parents.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+    found, frontier = [], [pid]
+    while frontier:
+        for child in parents.get(frontier.pop(), []):
+            found.append(child)
+            frontier.append(child)
+    return found
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """Kill a job's process and everything under it: the kernel runs in a session of its own
+    (jupyter_client starts it so) and the ranks below it, so a process group is not enough."""
+    for _ in range(2):   # a second sweep catches what was being started during the first
+        for pid in [*_descendants(proc.pid), proc.pid]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    proc.wait()
+
+
+def _last_error(log: str) -> str:
+    """The last 'SomethingError: message' line of nbgrader's log, else its last line."""
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    errors = [line for line in lines if re.match(r"^[\w.]*(Error|Exception|Interrupt)\b", line)]
+    return (errors or lines or ["no output"])[-1][:300]
+
+
+def _run(args: list[str], cwd: Path, deadline: float,
+         live: set[subprocess.Popen]) -> tuple[int | None, str]:
+    """`nbgrader args` in cwd until the deadline: (exit code or None if killed, its log).
+    While it runs it is in `live`, so that an interrupted grade_class can kill it."""
+    env = dict(os.environ)
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    # nbgrader_config.py and the kernel import dpmp_lab: from this checkout, wherever cwd is
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_HOME), env.get("PYTHONPATH"))
+                                        if p)
+    log = cwd / "nbgrader.log"
+    with open(log, "a") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "nbgrader", *args], cwd=cwd, env=env,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        live.add(proc)
+        try:
+            code: int | None = proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            kill_tree(proc)
+            code = None
+        finally:
+            live.discard(proc)
+    return code, log.read_text(errors="replace")
+
+
+def _scratch_root(root: Path, name: str, student: str, folder: Path, gradebook: Path,
+                  base: Path) -> Path:
+    scratch = Path(tempfile.mkdtemp(prefix=f"{student[:40]}-", dir=base))
+    shutil.copy(root / "nbgrader_config.py", scratch)
+    shutil.copy(gradebook, scratch / "gradebook.db")
+    (scratch / "solutions").mkdir()
+    (scratch / "solutions" / name).symlink_to(root / "solutions" / name)
+    shutil.copytree(folder, scratch / "submitted" / student / name)   # keeps the file times
+    return scratch
+
+
+def grade_one(name: str, student: str, folder: Path, *, root: Path, gradebook: Path,
+              base: Path, timeout: float, cell_timeout: int | None = None,
+              live: set[subprocess.Popen] | None = None) -> Outcome:
+    """Autograde one submission and write its feedback, in a scratch course root, within
+    `timeout` seconds in all. Never raises for the submission's own trouble: says it."""
+    start = time.monotonic()
+    fp = fingerprint(folder, root / "solutions" / name)
+    scratch = _scratch_root(root, name, student, folder, gradebook, base)
+    extra = [f"--Execute.timeout={cell_timeout}"] if cell_timeout else []
+    deadline = start + timeout
+    live = set() if live is None else live
+    outcome = Outcome(student, fp, graded=False, scratch=scratch)
+    code, log = _run(["autograde", name, "--create", f"--student={student}", *extra],
+                     scratch, deadline, live)
+    if code == 0:
+        code, log = _run(["generate_feedback", name, f"--student={student}", "--force"],
+                         scratch, deadline, live)
+    outcome.seconds = time.monotonic() - start
+    if code is None:
+        outcome.reason = (f"stopped after the time limit of {timeout:g} s (a cell that never "
+                          "finishes?); its kernel and ranks were killed")
+    elif code:
+        outcome.reason = f"nbgrader could not grade it: {_last_error(log)}"
+    elif not (scratch / "autograded" / student / name).is_dir():
+        outcome.reason = f"nbgrader wrote no graded notebook: {_last_error(log)}"
+    else:
+        outcome.graded = True
+    _read_scores(scratch, name, student, outcome)
+    return outcome
+
+
+def _read_scores(scratch: Path, name: str, student: str, outcome: Outcome) -> None:
+    try:
+        with open_gradebook(gradebook_url(scratch)) as gb:
+            sub = gb.find_submission(name, student)
+            outcome.timestamp = sub.timestamp
+            for nb in sub.notebooks:
+                outcome.penalties[nb.name] = nb.late_submission_penalty or 0.0
+                for g in nb.grades:
+                    outcome.scores[(nb.name, g.name)] = (g.auto_score, g.needs_manual_grade)
+                for c in nb.comments:
+                    outcome.comments[(nb.name, c.name)] = c.auto_comment
+    except MissingEntry:
+        pass   # nbgrader failed before recording the submission: zeros are recorded for it
+
+
+# -- the parent: the course's gradebook, one writer ------------------------------------------------
+
+
+def record(gb: Gradebook, name: str, outcome: Outcome) -> None:
+    """Write one outcome into the course's gradebook, replacing what it held for the student.
+    A submission that could not be graded gets zero on every graded cell, flagged for manual
+    grading, so it is neither lost nor given points it did not earn."""
+    gb.update_or_create_student(outcome.student)
+    kwargs = {"timestamp": outcome.timestamp} if outcome.timestamp else {}
+    with warnings.catch_warnings():   # nbgrader's own autograde warns the same, harmlessly
+        warnings.filterwarnings("ignore", category=SAWarning)
+        sub = gb.update_or_create_submission(name, outcome.student, **kwargs)
+    for nb in sub.notebooks:
+        nb.late_submission_penalty = outcome.penalties.get(nb.name) if outcome.graded else None
+        for g in nb.grades:
+            if outcome.graded:
+                g.auto_score, g.needs_manual_grade = outcome.scores[(nb.name, g.name)]
+            else:
+                g.auto_score, g.needs_manual_grade = 0.0, True
+        for c in nb.comments:
+            c.auto_comment = outcome.comments.get((nb.name, c.name)) if outcome.graded else None
+    gb.db.commit()
+
+
+def _install(root: Path, name: str, outcome: Outcome) -> None:
+    """Put the job's autograded notebook and feedback in the course's folders (or remove
+    stale ones, when this grading failed)."""
+    for kind in ("autograded", "feedback"):
+        dest = root / kind / outcome.student / name
+        if dest.exists():
+            shutil.rmtree(dest)
+        made = outcome.scratch / kind / outcome.student / name if outcome.scratch else None
+        if outcome.graded and made and made.is_dir():
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copytree(made, dest)
+
+
+def gradebook_dump(url: str, name: str) -> dict:
+    """{student: {(notebook, cell): (auto_score, manual_score, needs_manual_grade)}, plus the
+    notebooks' late penalties}: what two gradings are compared by."""
+    out: dict = {}
+    with open_gradebook(url) as gb:
+        for sub in gb.assignment_submissions(name):
+            rows = {}
+            for nb in sub.notebooks:
+                rows[(nb.name, "(late penalty)")] = nb.late_submission_penalty
+                for g in nb.grades:
+                    rows[(nb.name, g.name)] = (g.auto_score, g.manual_score, g.needs_manual_grade)
+                for c in nb.comments:
+                    rows[(nb.name, "comment " + c.name)] = c.auto_comment
+            out[sub.student_id] = rows
+    return out
+
+
+def ensure_assignment(name: str, root: Path) -> None:
+    """The gradebook must know the assignment (its graded cells and points) before anything is
+    graded; `nbgrader generate_assignment` records it, as `dpmp-lab release` does."""
+    try:
+        with open_gradebook(gradebook_url(root)) as gb:
+            gb.find_assignment(name)
+            return
+    except MissingEntry:
+        pass
+    nbgrader("generate_assignment", name, "--force", root=root, capture=True)
+
+
+def _load_state(root: Path, name: str) -> dict:
+    path = root / STATE / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _save_state(root: Path, name: str, state: dict) -> None:
+    (root / STATE).mkdir(exist_ok=True)
+    path = root / STATE / f"{name}.json"
+    path.with_suffix(".tmp").write_text(json.dumps(state, indent=1, sort_keys=True))
+    path.with_suffix(".tmp").replace(path)
+
+
+def _still_recorded(root: Path, name: str, students: Iterable[str]) -> set[str]:
+    with open_gradebook(gradebook_url(root)) as gb:
+        have = {s.student_id for s in gb.assignment_submissions(name)}
+    return have & set(students)
+
+
+def _outcome_of(future: Future, student: str) -> Outcome:
+    """The job's outcome; a job that itself broke (a disk full, say) is a submission not
+    graded, with the error as the reason, not the end of the class's grading."""
+    try:
+        return future.result()
+    except Exception as exc:
+        return Outcome(student, "", graded=False,
+                       reason=f"grading failed: {type(exc).__name__}: {exc}")
+
+
+def progress_line(done: int, total: int, outcome: Outcome, running: int) -> str:
+    """'[3/12] alice: 7/8 points (14 s); 2 running' or '... NOT GRADED: why'."""
+    if outcome.graded:
+        got = sum(s or 0 for s, _ in outcome.scores.values())
+        what = f"graded, {got:g} points"
+    else:
+        what = f"NOT GRADED: {outcome.reason}"
+    return (f"[{done}/{total}] {outcome.student}: {what} ({outcome.seconds:.0f} s)"
+            + (f"; {running} running" if running else ""))
+
+
+def grade_class(name: str, *, root: Path | None = None, jobs: int | None = None,
+                timeout: float = 1800.0, cell_timeout: int | None = None, force: bool = False,
+                students: Iterable[str] | None = None,
+                say: Callable[[str], None] = print) -> Summary:
+    """Autograde every submission of `name` (or of `students`) in `jobs` parallel jobs, each
+    within `timeout` seconds; record the results in the course's gradebook as they arrive."""
+    root = root or repo_root()
+    if name not in assignments(root):
+        raise ValueError(f"no such assignment in solutions/: {name}")
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
+        raise ValueError(f"jobs must be a whole number >= 1, got {jobs!r}")
+    if timeout <= 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    started = time.monotonic()
+    found = submissions(name, root)
+    if students is not None:
+        wanted = set(students)
+        missing = sorted(wanted - set(found))
+        if missing:
+            raise ValueError(f"no submission of {name} in submitted/ for: {', '.join(missing)}")
+        found = {s: p for s, p in found.items() if s in wanted}
+    ensure_assignment(name, root)
+    state = _load_state(root, name)
+    recorded = _still_recorded(root, name, found)
+    source = root / "solutions" / name
+    todo, skipped = {}, []
+    for student, folder in found.items():
+        known = state.get(student, {})
+        if (not force and student in recorded and known.get("fingerprint")
+                and known["fingerprint"] == fingerprint(folder, source)):
+            skipped.append(student)
+        else:
+            todo[student] = folder
+    jobs = jobs or default_jobs(len(todo))
+    say(f"grading {name}: {len(todo)} submission(s) with {min(jobs, max(1, len(todo)))} "
+        f"job(s)" + (f", {len(skipped)} unchanged since graded (--force regrades them)"
+                     if skipped else ""))
+    outcomes: list[Outcome] = []
+    if not todo:
+        return Summary(name, outcomes, skipped, time.monotonic() - started)
+    base = Path(tempfile.mkdtemp(prefix=f"dpmp-grade-{name}-"))
+    try:
+        snapshot = base / "gradebook.db"
+        shutil.copy(root / "gradebook.db", snapshot)
+        live: set[subprocess.Popen] = set()
+        with ThreadPoolExecutor(max_workers=jobs) as pool, \
+                open_gradebook(gradebook_url(root)) as gb:
+            of = {pool.submit(grade_one, name, s, f, root=root, gradebook=snapshot, base=base,
+                              timeout=timeout, cell_timeout=cell_timeout, live=live): s
+                  for s, f in todo.items()}
+            pending = set(of)
+            try:
+                while pending:
+                    done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                    for future in done:
+                        outcome = _outcome_of(future, of[future])
+                        record(gb, name, outcome)
+                        _install(root, name, outcome)
+                        state[outcome.student] = {"fingerprint": outcome.fingerprint,
+                                                  "graded": outcome.graded,
+                                                  "reason": outcome.reason}
+                        _save_state(root, name, state)
+                        outcomes.append(outcome)
+                        if outcome.scratch:
+                            shutil.rmtree(outcome.scratch, ignore_errors=True)
+                        say(progress_line(len(outcomes), len(todo), outcome,
+                                          min(jobs, len(todo) - len(outcomes))))
+            except BaseException:   # Ctrl-C or a broken gradebook: stop every job, then say
+                for future in pending:
+                    future.cancel()
+                while live:
+                    for proc in list(live):
+                        kill_tree(proc)
+                        live.discard(proc)
+                    time.sleep(0.1)   # a job between two nbgrader runs may start one more
+                raise
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    summary = Summary(name, outcomes, skipped, time.monotonic() - started)
+    minutes = summary.seconds / 60
+    say(f"graded {len(outcomes) - len(summary.failed)} of {len(outcomes)} in "
+        f"{summary.seconds:.0f} s ({len(outcomes) / minutes:.1f} per minute)"
+        + (f"; NOT GRADED (zero, flagged for manual grading): "
+           f"{', '.join(o.student for o in summary.failed)}" if summary.failed else ""))
+    return summary
+
+
+__all__ = ["Outcome", "Summary", "default_jobs", "ensure_assignment", "fingerprint",
+           "grade_class", "grade_one", "gradebook_dump", "kill_tree", "open_gradebook", "record",
+           "submissions"]

@@ -1,0 +1,312 @@
+"""Grading a class: `dpmp-lab grade --jobs N` gives the gradebook one job gives, whatever order
+the jobs finish in, with a submission that hangs and one that kills its kernel among them; the
+class report names each broken variant's mistake under the cell it breaks, with the right
+counts; grades come out as CSV.
+
+One small class of 00_launch (the solution, the blank release, broken variants from
+tests/course_variants, a hang, a kernel kill) is graded twice, with --jobs 2 and --jobs 1: each
+autograde costs 10-40 s on the shared 2-core machine, so this file takes a few minutes.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import random
+import shutil
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+
+from dpmp_lab import class_report, cli, course, grading
+from dpmp_lab.check import hints
+
+from .conftest import ROOT
+from .test_check_package import COMM_CASES, comm_failure, trace_of
+from .test_course import _with_replacements, source_notebook, variants
+
+pytestmark = pytest.mark.timeout(1500)
+
+NAME = "00_launch"
+VARIANTS = {v["name"]: v for v in variants(NAME)}
+ROWS = VARIANTS["rows dropped when n does not divide"]
+ALL_REDUCE = VARIANTS["all_reduce where all_gather belongs"]
+HANGS = {"predict": "import time\nwhile True:\n    time.sleep(0.2)"}
+KILLS = {"predict": "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)"}
+
+# learner -> what they hand in: "solution", "release", or a variant's replaced cells
+# (ids that no message contains by chance, so that the anonymity checks mean something)
+CLASS = {"ada_l17": "solution", "ben_l17": "release", "cy_l17": ROWS["replace"],
+         "dee_l17": ROWS["replace"], "eve_l17": ALL_REDUCE["replace"], "fay_l17": HANGS,
+         "gus_l17": KILLS}
+BROKEN = {"cy_l17": ROWS, "dee_l17": ROWS, "eve_l17": ALL_REDUCE}
+NOT_GRADED = {"fay_l17", "gus_l17"}
+# a legitimate submission takes 10-40 s here; the hang is stopped at this limit
+LIMIT = 100.0
+
+
+def _course_root(path: Path) -> Path:
+    path.mkdir()
+    shutil.copy(ROOT / "nbgrader_config.py", path)
+    shutil.copytree(ROOT / "solutions" / NAME, path / "solutions" / NAME)
+    return path
+
+
+def _hand_in(root: Path, learner: str, nb: nbformat.NotebookNode) -> None:
+    folder = root / "submitted" / learner / NAME
+    folder.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, folder / f"{NAME}.ipynb")
+
+
+def _grading_processes() -> list[str]:
+    """Processes still working in a grading job's scratch folder (a kernel, a rank)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cwd = os.readlink(f"/proc/{entry}/cwd")
+            except OSError:
+                continue
+            if "dpmp-grade-" in cwd:
+                found.append(f"{entry}: {cwd}")
+    return found
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory) -> dict:
+    """The class graded with --jobs 2 (root "two") and --jobs 1 (root "one")."""
+    base = tmp_path_factory.mktemp("class")
+    two = _course_root(base / "two")
+    course.nbgrader("generate_assignment", NAME, "--force", root=two, capture=True)
+    released = nbformat.read(two / "course" / NAME / f"{NAME}.ipynb", as_version=4)
+    for learner, handed in CLASS.items():
+        nb = (source_notebook(NAME) if handed == "solution" else released
+              if handed == "release" else _with_replacements(source_notebook(NAME), handed))
+        _hand_in(two, learner, nb)
+    one = _course_root(base / "one")
+    shutil.copytree(two / "submitted", one / "submitted")
+    lines: list[str] = []
+    out = {"two": two, "one": one, "lines": lines}
+    out["summary_two"] = grading.grade_class(NAME, root=two, jobs=2, timeout=LIMIT,
+                                             say=lines.append)
+    out["left_two"] = _grading_processes()
+    out["summary_one"] = grading.grade_class(NAME, root=one, jobs=1, timeout=LIMIT,
+                                             say=lines.append)
+    out["left_one"] = _grading_processes()
+    return out
+
+
+def test_jobs_1_and_jobs_2_give_identical_gradebooks(graded):
+    two = grading.gradebook_dump(course.gradebook_url(graded["two"]), NAME)
+    one = grading.gradebook_dump(course.gradebook_url(graded["one"]), NAME)
+    assert set(two) == set(CLASS)
+    assert two == one
+    for learner, cells in two.items():   # every graded cell has a score: none lost
+        scores = [v for k, v in cells.items() if isinstance(v, tuple)]
+        assert scores and all(auto is not None for auto, _, _ in scores), (learner, cells)
+    assert graded["left_two"] == [] and graded["left_one"] == []
+
+
+def test_a_hang_and_a_dead_kernel_cost_their_own_time_and_say_so(graded):
+    for key in ("summary_two", "summary_one"):
+        summary = graded[key]
+        failed = {o.student: o for o in summary.failed}
+        assert set(failed) == NOT_GRADED, graded["lines"]
+        assert "time limit" in failed["fay_l17"].reason
+        assert failed["fay_l17"].seconds < LIMIT + 30
+        assert "kernel" in failed["gus_l17"].reason.lower(), failed["gus_l17"].reason
+        assert failed["gus_l17"].seconds < LIMIT
+        for o in summary.outcomes:
+            if o.student not in NOT_GRADED:
+                assert o.graded and o.seconds < LIMIT, o
+    text = "\n".join(graded["lines"])
+    assert "[7/7]" in text and "fay_l17: NOT GRADED" in text and "gus_l17: NOT GRADED" in text
+    dump = grading.gradebook_dump(course.gradebook_url(graded["two"]), NAME)
+    for learner in NOT_GRADED:   # zero everywhere, waiting for the instructor
+        grades = [v for k, v in dump[learner].items() if isinstance(v, tuple)]
+        assert all(auto == 0 and manual_flag for auto, _, manual_flag in grades)
+        assert not (graded["two"] / "feedback" / learner).exists()
+    for learner in set(CLASS) - NOT_GRADED:
+        assert (graded["two"] / "feedback" / learner / NAME / f"{NAME}.html").exists()
+        assert (graded["two"] / "autograded" / learner / NAME / f"{NAME}.ipynb").exists()
+
+
+def test_recording_in_any_order_gives_the_same_gradebook(graded, tmp_path):
+    expected = grading.gradebook_dump(course.gradebook_url(graded["two"]), NAME)
+    outcomes = graded["summary_two"].outcomes
+    for order in (outcomes[::-1], random.Random(1).sample(outcomes, len(outcomes)),
+                  outcomes + outcomes[:3]):          # a result recorded twice is not doubled
+        root = _course_root(tmp_path / f"order{len(list(tmp_path.iterdir()))}")
+        grading.ensure_assignment(NAME, root)
+        with grading.open_gradebook(course.gradebook_url(root)) as gb:
+            for outcome in order:
+                grading.record(gb, NAME, outcome)
+        assert grading.gradebook_dump(course.gradebook_url(root), NAME) == expected
+
+
+def _cell(report: class_report.ClassReport, name: str) -> class_report.CellCounts:
+    return next(c for c in report.cells if c.cell == name)
+
+
+def test_report_names_each_variants_mistake_under_the_cell_it_spoils(graded):
+    report = class_report.class_report(NAME, graded["two"])
+    graded_learners = set(CLASS) - NOT_GRADED
+    for c in report.cells:
+        losers = {s for s, v in BROKEN.items() if c.cell in v["loses"]} | {"ben_l17"}
+        assert (c.full, c.partial, c.zero, c.not_graded) == (
+            len(graded_learners - losers), 0, len(losers), len(NOT_GRADED)), c
+        # the blank release is counted as not attempted, under every cell
+        assert any(m.key == class_report.NOT_ATTEMPTED and m.count == 1 for m in c.mistakes), c
+    for variant in (ROWS, ALL_REDUCE):
+        learners = sorted(s for s, v in BROKEN.items() if v is variant)
+        for words in variant["visible_says"]:
+            hits = [(c.cell, m) for c in report.cells if c.cell in variant["loses"]
+                    for m in c.mistakes if words in m.example]
+            assert hits, f"{variant['name']!r}: no mistake under {variant['loses']} says {words!r}"
+            for _, m in hits:
+                assert m.count == len(learners) and m.learners == learners, m
+    # a check's likely mistake is counted by its key from check/hints.py, not by its words
+    comm = _cell(report, "gather_comm_tests")
+    assert [m.count for m in comm.mistakes if m.key == "comm.all_reduce_for_all_gather"] == [1]
+    assert [m.count for m in comm.mistakes if m.key == "exercise.all_gather"] == [1]
+    # the same mistake found on other inputs is one mistake
+    rows = [m for m in _cell(report, "my_rows_tests").mistakes
+            if m.key != class_report.NOT_ATTEMPTED]
+    assert len(rows) == 1 and rows[0].key.startswith("CheckFailed: for n=# over # ranks")
+    assert sorted(report.not_graded) == sorted(NOT_GRADED)
+    assert report.totals["ada_l17"] == (9.0, 9.0) and report.totals["ben_l17"][0] == 0
+
+
+def test_report_is_anonymous_unless_asked_in_the_terminal_html_and_csv(graded, capsys):
+    root = graded["two"]
+    assert cli.main(["report", NAME, "--root", str(root)]) == 0
+    text = capsys.readouterr().out
+    page = (root / "reports" / f"{NAME}.html").read_text()
+    assert "my_rows_tests" in text and "comm.all_reduce_for_all_gather" in text
+    assert "total score (out of 9)" in text
+    assert "data:image/png;base64," in page and "comm.all_reduce_for_all_gather" in page
+    for learner in CLASS:
+        assert learner not in text and learner not in page
+    assert cli.main(["report", NAME, "--root", str(root), "--csv", "--names"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    gather = next(r for r in rows if r["cell"] == "gather_comm_tests" and not r["mistake"])
+    assert (gather["full"], gather["zero"], gather["not_graded"]) == ("3", "2", "2")
+    rows_mistake = next(r for r in rows if r["cell"] == "my_rows_tests"
+                        and r["mistake"].startswith("CheckFailed"))
+    assert rows_mistake["learners"] == "cy_l17 dee_l17"
+    assert rows_mistake["learners_with_mistake"] == "2"
+
+
+def test_grades_csv_has_every_learners_total(graded, capsys):
+    assert cli.main(["grades", "--root", str(graded["two"]), "--csv"]) == 0
+    rows = {r["student"]: r for r in csv.DictReader(io.StringIO(capsys.readouterr().out))}
+    assert set(rows) == set(CLASS)
+    assert rows["ada_l17"]["score"] == "9" and rows["ada_l17"]["max_score"] == "9"
+    assert rows["ben_l17"]["score"] == "0"
+    assert rows["eve_l17"]["score"] == "6"   # gather_tests (2) and gather_comm_tests (1) lost
+    assert {s for s, r in rows.items() if r["needs_manual_grade"] == "True"} == NOT_GRADED
+    with pytest.raises(ValueError, match="not in the gradebook: 99_nothing"):
+        class_report.grades(graded["two"], ["99_nothing"])
+
+
+def test_a_rerun_grades_only_what_changed_unless_forced(graded):
+    root = graded["one"]
+    again = grading.grade_class(NAME, root=root, jobs=2, timeout=LIMIT, say=lambda _: None)
+    assert again.outcomes == [] and sorted(again.skipped) == sorted(CLASS)
+    _hand_in(root, "eve_l17", source_notebook(NAME))   # eve hands in a fixed notebook
+    fixed = grading.grade_class(NAME, root=root, jobs=2, timeout=LIMIT, say=lambda _: None)
+    assert [o.student for o in fixed.outcomes] == ["eve_l17"] and fixed.outcomes[0].graded
+    rows = {r["student"]: r for r in class_report.grades(root, [NAME])}
+    assert rows["eve_l17"]["score"] == 9 and rows["cy_l17"]["score"] == 8
+    forced = grading.grade_class(NAME, root=root, jobs=2, timeout=LIMIT, force=True,
+                                 students=["cy_l17"], say=lambda _: None)
+    assert [(o.student, o.graded) for o in forced.outcomes] == [("cy_l17", True)]
+    assert forced.skipped == []
+    rows = {r["student"]: r for r in class_report.grades(root, [NAME])}
+    assert rows["cy_l17"]["score"] == 8 and len(rows) == len(CLASS)
+    assert _grading_processes() == []
+
+
+def test_bad_requests_are_refused_before_anything_runs(tmp_path):
+    root = _course_root(tmp_path / "c")
+    assert cli.main(["report", NAME, "--root", str(root)]) == 2   # no gradebook: one line
+    assert not (root / "gradebook.db").exists()
+    with pytest.raises(ValueError, match="no such assignment"):
+        grading.grade_class("99_nothing", root=root)
+    with pytest.raises(ValueError, match="jobs must be"):
+        grading.grade_class(NAME, root=root, jobs=0)
+    with pytest.raises(ValueError, match="no submission of 00_launch .* for: zed"):
+        grading.grade_class(NAME, root=root, students=["zed"])
+    with pytest.raises(SystemExit):
+        cli.main(["grade", NAME, "--jobs", "0"])
+
+
+def test_a_failure_is_keyed_by_its_hints_else_by_its_masked_message():
+    keys = class_report.failure_keys
+    assert keys("CheckFailed", "bad\nLikely mistake: x\n[hint: comm.a] [hint: exercise.b]") == [
+        "comm.a", "exercise.b"]
+    assert keys("CheckFailed", "for n=10 over 4 ranks your rows are [[0, 1], [2]]: why") == (
+        keys("CheckFailed", "for n=7 over 2 ranks your rows are [[0], [1, [2]]]: why"))
+    assert keys("NotImplementedError", "") == [class_report.NOT_ATTEMPTED]
+    assert keys("LaunchError", "rank 0 raised NotImplementedError") == [
+        class_report.NOT_ATTEMPTED]
+    assert keys("CellTimeoutError", "") == [class_report.TIMEOUT]
+
+
+def test_a_job_that_breaks_costs_its_own_submission_only(tmp_path, monkeypatch):
+    """The parent's side alone (no nbgrader run): a job raising is recorded as not graded,
+    with zero points and its error as the reason, and the other submissions go on."""
+    root = _course_root(tmp_path / "c")
+    for learner in ("ok_l17", "broken_l17"):
+        _hand_in(root, learner, source_notebook(NAME))
+    def fake(name, student, folder, **kw):
+        if student == "broken_l17":
+            raise OSError("No space left on device")
+        out = grading.Outcome(student, grading.fingerprint(folder, root / "solutions" / NAME),
+                              graded=True)
+        with grading.open_gradebook(course.gradebook_url(root)) as gb:
+            for g in gb.find_notebook(NAME, NAME).grade_cells:
+                out.scores[(NAME, g.name)] = (g.max_score, False)
+        return out
+
+    monkeypatch.setattr(grading, "grade_one", fake)
+    lines: list[str] = []
+    summary = grading.grade_class(NAME, root=root, jobs=2, say=lines.append)
+    [failed] = summary.failed
+    assert failed.student == "broken_l17" and "OSError: No space left" in failed.reason
+    rows = {r["student"]: r for r in class_report.grades(root, [NAME])}
+    assert rows["ok_l17"]["score"] == 9 and rows["broken_l17"]["score"] == 0
+    assert rows["broken_l17"]["needs_manual_grade"]
+    assert any("broken_l17: NOT GRADED: grading failed: OSError" in line for line in lines)
+    again = grading.grade_class(NAME, root=root, jobs=2, say=lines.append)
+    assert [o.student for o in again.outcomes] == ["broken_l17"]   # tried again: no fingerprint
+
+
+# -- the keys the report counts ------------------------------------------------------------------
+
+
+def test_every_likely_mistake_has_its_own_key():
+    keys = [h.key for h in hints.COMM_HINTS + hints.SCALE_HINTS]
+    assert len(set(keys)) == len(keys)
+    assert not {"comm.grader", "scale.grader"} & set(keys)
+
+
+@pytest.mark.parametrize("case", range(len(COMM_CASES)))
+def test_a_comm_failure_prints_the_key_of_its_hint(case):
+    calls, expected, kw, _ = COMM_CASES[case]   # one case per COMM_HINTS entry, in order
+    msg = comm_failure(trace_of(*calls), expected, **kw)
+    assert class_report.failure_keys("CheckFailed", msg)[-1] == hints.COMM_HINTS[case].key
+
+
+def test_an_exercises_own_words_and_a_scale_hint_are_keyed():
+    calls, expected, kw, _ = COMM_CASES[4]      # an all_reduce where an all_gather belongs
+    msg = comm_failure(trace_of(*calls), expected, hints={"all_gather": "use one all_gather"})
+    assert class_report.failure_keys("CheckFailed", msg) == [
+        "exercise.all_gather", "comm.all_reduce_for_all_gather"]
+    e = torch.arange(1.0, 5.0)
+    assert hints.keyed_scale_hint(4 * e, e, 1e-6, 1e-6, world=4)[0] == (
+        "scale.sum_over_ranks_not_divided")
+    assert hints.scale_hint(4 * e, e, 1e-6, 1e-6, world=4).startswith("every element is 4x")
