@@ -7,6 +7,7 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 
@@ -33,6 +34,25 @@ def positive_seconds(name: str, value: Any) -> None:
 def group_ready() -> bool:
     """Whether this process has a default process group (inside a rank, or under torchrun)."""
     return dist.is_available() and dist.is_initialized()
+
+
+def tensor_arg(x: object, what: str) -> torch.Tensor:
+    """x itself, or a TypeError naming the argument when it is not a tensor."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{what} must be a torch.Tensor, not {type(x).__name__}")
+    return x
+
+
+def member_group(group: object, axis: str, kind: str, example: str) -> dist.ProcessGroup:
+    """group itself when it is a process group this rank belongs to; else an error saying
+    which group of the grid (`axis`, e.g. "tp", a `kind` of parallelism) was expected."""
+    if not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"group must be the {kind} torch.distributed ProcessGroup (e.g. "
+                        f"{example}), not {type(group).__name__}")
+    if dist.get_rank(group) < 0:
+        raise ValueError(f"rank {dist.get_rank()} is not a member of the {axis} group "
+                         f"{dist.get_process_group_ranks(group)} it was given")
+    return group
 
 
 def ranks_text(ranks: Iterable[int]) -> str:

@@ -38,25 +38,14 @@ import math
 import torch
 import torch.distributed as dist
 
-from dpmp_lab._helpers import whole_number
+from dpmp_lab._helpers import member_group, whole_number
+from dpmp_lab._helpers import tensor_arg as _check_tensor
 
 SEQ_DIM = -2   # q, k, v: (batch, heads, sequence, head_dim)
 
 
 def _check_group(group: object) -> dist.ProcessGroup:
-    if not isinstance(group, dist.ProcessGroup):
-        raise TypeError("group must be the context-parallel torch.distributed ProcessGroup "
-                        f"(e.g. dl.ProcessGrid(cp=...).cp_group), not {type(group).__name__}")
-    if dist.get_rank(group) < 0:
-        raise ValueError(f"rank {dist.get_rank()} is not a member of the cp group "
-                         f"{dist.get_process_group_ranks(group)} it was given")
-    return group
-
-
-def _check_tensor(x: object, what: str) -> torch.Tensor:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{what} must be a torch.Tensor, not {type(x).__name__}")
-    return x
+    return member_group(group, "cp", "context-parallel", "dl.ProcessGrid(cp=...).cp_group")
 
 
 # -- which tokens a rank holds (pure arithmetic) ---------------------------------------------------

@@ -14,28 +14,19 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from dpmp_lab._helpers import member_group
+from dpmp_lab._helpers import tensor_arg as _check_tensor
+
 # -- the tp group and splitting along a dim --------------------------------------------------------
 
 
 def _check_group(group: object) -> dist.ProcessGroup:
-    if not isinstance(group, dist.ProcessGroup):
-        raise TypeError("group must be the tensor-parallel torch.distributed ProcessGroup (e.g. "
-                        f"dl.ProcessGrid(tp=...).tp_group or dist.group.WORLD), not "
-                        f"{type(group).__name__}")
-    if dist.get_rank(group) < 0:
-        raise ValueError(f"rank {dist.get_rank()} is not a member of the tp group "
-                         f"{dist.get_process_group_ranks(group)} it was given")
-    return group
+    return member_group(group, "tp", "tensor-parallel",
+                        "dl.ProcessGrid(tp=...).tp_group or dist.group.WORLD")
 
 
 def _tp_size(group: dist.ProcessGroup) -> int:
     return dist.get_world_size(_check_group(group))
-
-
-def _check_tensor(x: object, what: str) -> torch.Tensor:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{what} must be a torch.Tensor, not {type(x).__name__}")
-    return x
 
 
 def _normalise_dim(x: torch.Tensor, dim: int) -> int:
