@@ -12,11 +12,9 @@ would otherwise turn every check green. Three layers, each simple:
    compares, and fails naming what changed. Every dl.check function calls it, and so does
    every launch under nbgrader (in the notebook and in each rank, after the rank's code ran):
    writing into a module's `__dict__` is caught there.
-3. A scan of the submitted source. `scan(sources)` reads the learner's cells without running
-   them and lists assignments, `setattr`/`delattr` and `__dict__` writes whose target is
-   reached from a name imported from dpmp_lab, torch.distributed or nbgrader.
-   nbgrader's autograde runs it (course.TamperScan): a finding sets every graded cell of the
-   notebook to zero with the finding as its error, so the grade says so.
+3. A scan of the submitted source (scan.py) reads the learner's cells without running them:
+   nbgrader's autograde runs it, and a finding sets every graded cell of the notebook to zero
+   with the finding as its error, so the grade says so.
 
 What it does not stop: a learner who reads this file and works around all three (for example
 by editing the installed package on disk before grading, or by rebuilding the functions with
@@ -26,13 +24,12 @@ layers make the obvious attempts fail loudly and put the lines in the feedback.
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import os
 import sys
 import types
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 # modules whose functions and classes are the grader's (plus what dpmp_lab re-exports)
@@ -47,8 +44,6 @@ GUARDED_MODULES = ("dpmp_lab", "dpmp_lab.check", "dpmp_lab.check.communication",
 GUARDED_CLASSES = ("dpmp_lab.trace.Trace", "dpmp_lab.trace.CommEvent",
                    "dpmp_lab.trace._Recorder", "dpmp_lab.launch.LaunchResult",
                    "dpmp_lab.check.CheckFailed")
-# names a scan treats as the grader's when a cell imports them
-SCANNED_PACKAGES = ("dpmp_lab", "torch.distributed", "nbgrader")
 
 _snapshot: dict[tuple[str, str], Any] = {}
 
@@ -173,98 +168,3 @@ def verify() -> None:
 def grading() -> bool:
     """True while nbgrader autogrades or validates this notebook."""
     return bool(os.environ.get("NBGRADER_EXECUTION"))
-
-
-# -- the scan of submitted cells -------------------------------------------------------------
-
-
-def scan(sources: Iterable[str], context: Iterable[str] = ()) -> list[str]:
-    """Lines of `sources` (the learner's cells) that write into the grader's modules.
-
-    `context`: the notebook's other cells, read only for their imports (`import dpmp_lab as
-    dl` in a locked cell makes `dl` the grader's in every cell). A write counts when its
-    target is reached from such a name: `dl.check.comm = ...`, `dist.all_reduce = ...`,
-    `setattr(dl.check, ...)`, `vars(dl.check)[...] = ...`, `dl.check.__dict__[...] = ...`,
-    `vars(dl.check).update(...)`, `dl.integrity.swapped(...)`.
-    """
-    sources = list(sources)
-    roots: set[str] = set()
-    for text in [*context, *sources]:
-        roots |= _grader_names(text)
-    found = []
-    for text in sources:
-        try:
-            tree = ast.parse(text)
-        except SyntaxError:
-            continue
-        roots_here = roots | _grader_names(text)
-        for node in ast.walk(tree):
-            for target in _written(node):
-                if _root(target) in roots_here:
-                    line = text.splitlines()[node.lineno - 1].strip()
-                    found.append(f"`{line}`")
-    return list(dict.fromkeys(found))
-
-
-def _grader_names(text: str) -> set[str]:
-    try:
-        tree = ast.parse(text)
-    except SyntaxError:
-        return set()
-    names = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.name.startswith(SCANNED_PACKAGES):
-                    names.add(alias.asname or alias.name.split(".")[0])
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
-                SCANNED_PACKAGES + ("torch",)):
-            for alias in node.names:
-                full = f"{node.module}.{alias.name}"
-                if full.startswith(SCANNED_PACKAGES):
-                    names.add(alias.asname or alias.name)
-    return names
-
-
-def _written(node: ast.AST) -> list[ast.AST]:
-    """The objects whose attributes or items this statement writes or deletes."""
-    if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
-        targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
-        out = []
-        for t in targets:
-            for leaf in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t]):
-                if isinstance(leaf, (ast.Attribute, ast.Subscript)):
-                    out.append(leaf.value)
-        return out
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.args:
-        if node.func.id in ("setattr", "delattr"):
-            return [node.args[0]]
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
-            node.func.attr in ("update", "setdefault", "pop", "popitem", "clear",
-                               "__setitem__", "__delitem__") and _is_namespace(node.func.value):
-        return [node.func.value]   # vars(dl.check).update(...), dl.check.__dict__.pop(...)
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
-            node.func.attr == "swapped":
-        return [node.func.value]   # dl.integrity.swapped(...): the grader's own door
-    return []
-
-
-def _is_namespace(node: ast.AST) -> bool:
-    """`x.__dict__` or `vars(x)`: a module's or class's namespace itself."""
-    return (isinstance(node, ast.Attribute) and node.attr == "__dict__") or (
-        isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-        and node.func.id == "vars")
-
-
-def _root(node: ast.AST) -> str | None:
-    """The name an expression starts from: `dl` for dl.check.__dict__ or vars(dl.check)."""
-    while True:
-        if isinstance(node, ast.Attribute | ast.Subscript):
-            node = node.value
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
-                node.func.id in ("vars", "getattr") and node.args:
-            node = node.args[0]
-        elif isinstance(node, ast.Name):
-            return node.id
-        else:
-            return None

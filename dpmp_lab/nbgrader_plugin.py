@@ -1,5 +1,5 @@
 """nbgrader's side of tamper evidence: a preprocessor that autograde runs after executing a
-submission. It scans the learner's own cells (integrity.scan) and, when one writes into the
+submission. It scans the learner's own cells (scan.scan) and, when one writes into the
 grader's modules, zeroes every graded cell with the lines found as the error, so the grade
 and the feedback both say why. nbgrader_config.py registers it; nothing else imports this.
 """
@@ -12,7 +12,7 @@ import nbformat
 from nbconvert.preprocessors import Preprocessor
 from traitlets import Bool
 
-from dpmp_lab import integrity
+from dpmp_lab import scan
 
 
 class TamperScan(Preprocessor):
@@ -27,7 +27,7 @@ class TamperScan(Preprocessor):
                 continue
             meta = cell.metadata.get("nbgrader", {})
             (mine if meta.get("solution") else given).append(cell.source)
-        found = integrity.scan(mine, context=given)
+        found = scan.scan(mine, context=given)
         if not found:
             return nb, resources
         message = ("the grader's own functions are changed in your code, so this notebook "

@@ -307,10 +307,10 @@ SAMPLE_EVERY = 12   # 2-3 variants per notebook: one autograde is a whole notebo
 
 
 def writes_into_the_grader(name: str, variant: dict) -> bool:
-    from dpmp_lab import integrity
+    from dpmp_lab import scan
 
     context = [c.source for c in source_notebook(name).cells if c.cell_type == "code"]
-    return bool(integrity.scan(list(variant["replace"].values()), context=context))
+    return bool(scan.scan(list(variant["replace"].values()), context=context))
 
 
 @functools.cache

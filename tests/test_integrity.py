@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 import dpmp_lab as dl
-from dpmp_lab import integrity
+from dpmp_lab import integrity, scan
 from dpmp_lab.integrity import TamperingDetected
 
 
@@ -74,7 +74,7 @@ GIVEN = ["import torch\nimport torch.distributed as dist\nimport dpmp_lab as dl\
     "with dl.integrity.swapped(dl.check, 'comm', print): pass",
 ])
 def test_scan_finds_writes_into_the_grader(line):
-    assert integrity.scan(["def f():\n    return 1\n" + line], context=GIVEN) == [f"`{line}`"]
+    assert scan.scan(["def f():\n    return 1\n" + line], context=GIVEN) == [f"`{line}`"]
 
 
 @pytest.mark.parametrize("line", [
@@ -86,7 +86,7 @@ def test_scan_finds_writes_into_the_grader(line):
     "this is not python",
 ])
 def test_scan_leaves_ordinary_code_alone(line):
-    assert integrity.scan([line], context=GIVEN) == []
+    assert scan.scan([line], context=GIVEN) == []
 
 
 def test_autograde_zeroes_a_tampering_submission_naming_the_line():
