@@ -21,7 +21,7 @@ import nbformat
 import pytest
 import torch
 
-from dpmp_lab import class_report, cli, course, grading
+from dpmp_lab import class_report, cli, course, grading, grading_job
 from dpmp_lab.check import hints
 
 from .conftest import ROOT
@@ -142,7 +142,7 @@ def test_recording_in_any_order_gives_the_same_gradebook(graded, tmp_path):
                   outcomes + outcomes[:3]):          # a result recorded twice is not doubled
         root = _course_root(tmp_path / f"order{len(list(tmp_path.iterdir()))}")
         grading.ensure_assignment(NAME, root)
-        with grading.open_gradebook(course.gradebook_url(root)) as gb:
+        with grading_job.open_gradebook(course.gradebook_url(root)) as gb:
             for outcome in order:
                 grading.record(gb, NAME, outcome)
         assert grading.gradebook_dump(course.gradebook_url(root), NAME) == expected
@@ -266,9 +266,9 @@ def test_a_job_that_breaks_costs_its_own_submission_only(tmp_path, monkeypatch):
     def fake(name, student, folder, **kw):
         if student == "broken_l17":
             raise OSError("No space left on device")
-        out = grading.Outcome(student, grading.fingerprint(folder, root / "solutions" / NAME),
+        out = grading_job.Outcome(student, grading_job.fingerprint(folder, root / "solutions" / NAME),
                               graded=True)
-        with grading.open_gradebook(course.gradebook_url(root)) as gb:
+        with grading_job.open_gradebook(course.gradebook_url(root)) as gb:
             for g in gb.find_notebook(NAME, NAME).grade_cells:
                 out.scores[(NAME, g.name)] = (g.max_score, False)
         return out
