@@ -14,11 +14,9 @@ c.Execute.timeout = 600
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
 c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
 
-# Tamper evidence (dpmp_lab/integrity.py): after running a submission, scan the learner's cells
-# for writes into the grader's modules; a finding zeroes the graded cells and says why.
-from nbgrader.converters import Autograde  # noqa: E402
+# Trusted grading (dpmp_lab/nbgrader_plugin.py): each submission's kernel runs in a sandbox
+# (bubblewrap), every graded test cell must hand in a receipt, the learner's cells are scanned
+# for writes into the grader and escape hatches, and feedback carries no hidden test.
+from dpmp_lab.nbgrader_plugin import configure  # noqa: E402
 
-from dpmp_lab.nbgrader_plugin import autograde_preprocessors  # noqa: E402
-
-c.Autograde.autograde_preprocessors = autograde_preprocessors(
-    Autograde.class_traits()["autograde_preprocessors"].default())
+configure(c)

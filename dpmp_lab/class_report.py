@@ -65,6 +65,7 @@ class CellCounts:
     partial: int = 0
     zero: int = 0
     not_graded: int = 0      # submissions grading could not run (zero, flagged for manual)
+    flagged: int = 0         # submissions suspected of forgery (zero, flagged for manual)
     mistakes: list[Mistake] = field(default_factory=list)
 
 
@@ -74,6 +75,7 @@ class ClassReport:
     cells: list[CellCounts]
     totals: dict[str, tuple[float, float]]       # learner -> (score, max score)
     not_graded: dict[str, str]                   # learner -> why (grade_class's record)
+    flagged: dict[str, list[str]] = field(default_factory=dict)   # learner -> what was found
 
 
 # -- a failure's key ----------------------------------------------------------------------------
@@ -150,6 +152,8 @@ def class_report(name: str, root: Path) -> ClassReport:
     state_file = root / ".dpmp_grading" / f"{name}.json"
     state = json.loads(state_file.read_text()) if state_file.exists() else {}
     not_graded = {s: v.get("reason", "") for s, v in state.items() if not v.get("graded", True)}
+    flagged = {s: v["flagged"] for s, v in state.items()
+               if v.get("graded", True) and v.get("flagged")}
     cells: dict[tuple[str, str], CellCounts] = {}
     totals: dict[str, tuple[float, float]] = {}
     found: dict[tuple[str, str], dict[str, list[tuple[str, str]]]] = {}
@@ -174,6 +178,9 @@ def class_report(name: str, root: Path) -> ClassReport:
                     if student in not_graded:
                         counts.not_graded += 1
                         continue
+                    if student in flagged:
+                        counts.flagged += 1
+                        continue
                     if score >= g.max_score:
                         counts.full += 1
                         continue
@@ -196,7 +203,7 @@ def class_report(name: str, root: Path) -> ClassReport:
         cells[where].mistakes = sorted(mistakes, key=lambda m: (-m.count, m.key))
     order = {c: i for i, c in enumerate(_cell_order(root, name))}
     ordered = sorted(cells.values(), key=lambda c: (c.notebook, order.get(c.cell, 1 << 30)))
-    return ClassReport(name, ordered, totals, not_graded)
+    return ClassReport(name, ordered, totals, not_graded, flagged)
 
 
 # -- showing it ---------------------------------------------------------------------------------
@@ -211,9 +218,9 @@ def _gist(text: str, width: int = 110) -> str:
 
 def cell_table(report: ClassReport) -> Table:
     """A row per graded cell: its points and how many learners got full, partial, zero."""
-    return Table(["graded cell", "points", "full", "partial", "zero", "not graded"],
-                 [[c.cell, f"{c.points:g}", c.full, c.partial, c.zero, c.not_graded]
-                  for c in report.cells])
+    return Table(["graded cell", "points", "full", "partial", "zero", "not graded", "flagged"],
+                 [[c.cell, f"{c.points:g}", c.full, c.partial, c.zero, c.not_graded,
+                   c.flagged] for c in report.cells])
 
 
 def text_report(report: ClassReport, names: bool = False) -> str:
@@ -234,6 +241,11 @@ def text_report(report: ClassReport, names: bool = False) -> str:
         out.append("\nnot graded (zero, flagged for manual grading):")
         for learner, why in sorted(report.not_graded.items()):
             out.append(f"  {learner if names else '<learner>'}: {why}")
+    if report.flagged:
+        out.append("\nflagged for manual grading, a forgery suspected (zero until you look):")
+        for learner, reasons in sorted(report.flagged.items()):
+            out.append(f"  {learner if names else '<learner>'}: {reasons[0]}"
+                       + (f" (and {len(reasons) - 1} more)" if len(reasons) > 1 else ""))
     out.append("\n" + text_histogram(report))
     return "\n".join(out)
 
@@ -266,13 +278,13 @@ def csv_report(report: ClassReport, names: bool = False) -> str:
     buf = io.StringIO()
     w = csv.writer(buf)
     w.writerow(["assignment", "notebook", "cell", "points", "full", "partial", "zero",
-                "not_graded", "mistake", "learners_with_mistake", "example"]
+                "not_graded", "flagged", "mistake", "learners_with_mistake", "example"]
                + (["learners"] if names else []))
     for c in report.cells:
         w.writerow([report.assignment, c.notebook, c.cell, f"{c.points:g}", c.full, c.partial,
-                    c.zero, c.not_graded, "", "", ""] + ([""] if names else []))
+                    c.zero, c.not_graded, c.flagged, "", "", ""] + ([""] if names else []))
         for m in c.mistakes:
-            w.writerow([report.assignment, c.notebook, c.cell, "", "", "", "", "", m.key,
+            w.writerow([report.assignment, c.notebook, c.cell, "", "", "", "", "", "", m.key,
                         m.count, m.example] + ([" ".join(m.learners)] if names else []))
     return buf.getvalue()
 
@@ -322,6 +334,11 @@ def html_report(report: ClassReport, names: bool = False) -> str:
         parts.append("<h2>Not graded</h2><ul>" + "".join(
             f"<li>{esc(s if names else '<learner>')}: {esc(why)}</li>"
             for s, why in sorted(report.not_graded.items())) + "</ul>")
+    if report.flagged:
+        parts.append("<h2>Flagged for manual grading (a forgery suspected)</h2><ul>" + "".join(
+            f"<li>{esc(s if names else '<learner>')}:<ul>"
+            + "".join(f"<li><code>{esc(r)}</code></li>" for r in reasons) + "</ul></li>"
+            for s, reasons in sorted(report.flagged.items())) + "</ul>")
     return "\n".join(parts)
 
 

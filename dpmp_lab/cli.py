@@ -14,8 +14,9 @@ import torch
 import torch.distributed as dist
 
 import dpmp_lab as dl
-from dpmp_lab import course
+from dpmp_lab import course, sandbox
 from dpmp_lab.launch import usable_cores, visible_gpus
+from dpmp_lab.limits import Limits
 
 
 def _all_reduce_check(expected: float) -> dict:
@@ -88,6 +89,9 @@ def doctor(args: argparse.Namespace) -> int:
         print("nccl        skipped: this torch build has no NCCL")
     else:
         print("nccl        skipped: no GPU visible (the course runs on gloo and the CPU)")
+    why = sandbox.problem()
+    print("sandbox     " + (f"NOT available: {why}" if why else
+                            "works (bubblewrap): `dpmp-lab grade` runs each submission in one"))
     print("all checks passed" if ok else "some checks FAILED")
     return 0 if ok else 1
 
@@ -122,14 +126,23 @@ def release(args: argparse.Namespace) -> int:
 
 
 def grade(args: argparse.Namespace) -> int:
-    """Autograde submitted/*/<assignment> in parallel jobs and write feedback/ (nbgrader)."""
+    """Autograde submitted/*/<assignment> in parallel jobs, each submission in a sandbox of
+    its own, and write feedback/ (nbgrader)."""
     from dpmp_lab import grading
 
-    summary = grading.grade_class(args.assignment, root=args.root, jobs=args.jobs,
-                                  timeout=args.timeout,
-                                  cell_timeout=args.cell_timeout, force=args.force,
-                                  students=args.student or None)
-    return 1 if summary.failed else 0
+    limits = Limits(memory_mb=args.memory, processes=args.processes, disk_mb=args.disk,
+                    cell_output_kb=args.cell_output, notebook_output_mb=args.notebook_output)
+    try:
+        summary = grading.grade_class(args.assignment, root=args.root, jobs=args.jobs,
+                                      timeout=args.timeout,
+                                      cell_timeout=args.cell_timeout, force=args.force,
+                                      students=args.student or None,
+                                      sandboxed=not args.no_sandbox, limits=limits)
+    except grading.SandboxUnavailable as exc:
+        print(f"dpmp-lab grade: {exc}", file=sys.stderr)
+        return 2
+    flagged = any(o.flagged for o in summary.outcomes)
+    return 1 if summary.failed or flagged else 0
 
 
 def report(args: argparse.Namespace) -> int:
@@ -163,6 +176,13 @@ def _jobs(text: str) -> int:
     n = int(text)
     if n < 1:
         raise argparse.ArgumentTypeError(f"--jobs must be at least 1, got {n}")
+    return n
+
+
+def _positive(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
     return n
 
 
@@ -203,6 +223,18 @@ def main(argv: list[str] | None = None) -> int:
                    help="regrade submissions that did not change since they were graded")
     p.add_argument("--student", action="append", default=[],
                    help="grade only this learner (repeatable)")
+    p.add_argument("--no-sandbox", action="store_true",
+                   help="run submissions WITHOUT the sandbox (Linux's bubblewrap): their code "
+                        "can then read and change everything you can; for trusted code only")
+    defaults = Limits()
+    for flag, field, unit in (("--memory", "memory_mb", "MiB"),
+                              ("--processes", "processes", "processes at once"),
+                              ("--disk", "disk_mb", "MiB written"),
+                              ("--cell-output", "cell_output_kb", "KiB printed by one cell"),
+                              ("--notebook-output", "notebook_output_mb",
+                               "MiB printed by a notebook")):
+        p.add_argument(flag, type=_positive, default=getattr(defaults, field),
+                       help=f"limit per submission: {unit} (default {getattr(defaults, field)})")
     _root_option(p)
     p.set_defaults(func=grade)
     p = sub.add_parser("report", help="what a class got wrong in ASSIGNMENT")

@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import tempfile
 import time
+import uuid
 import warnings
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -38,11 +38,17 @@ from pathlib import Path
 from nbgrader.api import Gradebook, MissingEntry
 from sqlalchemy.exc import SAWarning
 
+from dpmp_lab import sandbox
 from dpmp_lab.course import assignments, gradebook_url, nbgrader, repo_root
-from dpmp_lab.grading_job import Outcome, fingerprint, grade_one, kill_tree, open_gradebook
+from dpmp_lab.grading_job import Outcome, Running, Settings, fingerprint, grade_one, open_gradebook
 from dpmp_lab.launch import usable_cores
+from dpmp_lab.limits import Cgroups, Limits, held_text
 
 STATE = ".dpmp_grading"        # {assignment}.json: what was graded, from which files
+UNSANDBOXED = ("WARNING: grading WITHOUT the sandbox (--no-sandbox): every submission's code "
+               "runs as this user, able to read and change the gradebook, solutions/, "
+               "nbgrader_config.py and other learners' work, and to leave processes behind. "
+               "Grade this way only submissions you trust.")
 
 
 @dataclass
@@ -53,6 +59,9 @@ class Summary:
     outcomes: list[Outcome]
     skipped: list[str]
     seconds: float
+    run_id: str = ""          # DPMP_LAB_GRADING_RUN in every process of this run's jobs
+    sandboxed: bool = True
+    limits_held: str = ""     # which mechanism held each limit on this machine
 
     @property
     def failed(self) -> list[Outcome]:
@@ -77,17 +86,19 @@ def default_jobs(n_submissions: int) -> int:
 
 def record(gb: Gradebook, name: str, outcome: Outcome) -> None:
     """Write one outcome into the course's gradebook, replacing what it held for the student.
-    A submission that could not be graded gets zero on every graded cell, flagged for manual
-    grading, so it is neither lost nor given points it did not earn."""
+    A submission that could not be graded, or that was flagged (a forgery suspected), gets
+    zero on every graded cell, flagged for manual grading, so it is neither lost nor given
+    points it did not earn."""
     gb.update_or_create_student(outcome.student)
     kwargs = {"timestamp": outcome.timestamp} if outcome.timestamp else {}
     with warnings.catch_warnings():   # nbgrader's own autograde warns the same, harmlessly
         warnings.filterwarnings("ignore", category=SAWarning)
         sub = gb.update_or_create_submission(name, outcome.student, **kwargs)
+    trusted = outcome.graded and not outcome.flagged
     for nb in sub.notebooks:
         nb.late_submission_penalty = outcome.penalties.get(nb.name) if outcome.graded else None
         for g in nb.grades:
-            if outcome.graded:
+            if trusted:
                 g.auto_score, g.needs_manual_grade = outcome.scores[(nb.name, g.name)]
             else:
                 g.auto_score, g.needs_manual_grade = 0.0, True
@@ -98,7 +109,8 @@ def record(gb: Gradebook, name: str, outcome: Outcome) -> None:
 
 def _install(root: Path, name: str, outcome: Outcome) -> None:
     """Put the job's autograded notebook and feedback in the course's folders (or remove
-    stale ones, when this grading failed)."""
+    stale ones, when this grading failed). Feedback is the notebooks' HTML pages and nothing
+    else: nbgrader would also copy every file of the graded folder, learner-made or not."""
     for kind in ("autograded", "feedback"):
         dest = root / kind / outcome.student / name
         if dest.exists():
@@ -106,7 +118,12 @@ def _install(root: Path, name: str, outcome: Outcome) -> None:
         made = outcome.scratch / kind / outcome.student / name if outcome.scratch else None
         if outcome.graded and made and made.is_dir():
             dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copytree(made, dest)
+            if kind == "autograded":
+                shutil.copytree(made, dest)
+                continue
+            dest.mkdir()
+            for page in made.glob("*.html"):
+                shutil.copy(page, dest / page.name)
 
 
 def gradebook_dump(url: str, name: str) -> dict:
@@ -167,8 +184,13 @@ def _outcome_of(future: Future, student: str) -> Outcome:
 
 
 def progress_line(done: int, total: int, outcome: Outcome, running: int) -> str:
-    """'[3/12] alice: 7/8 points (14 s); 2 running' or '... NOT GRADED: why'."""
-    if outcome.graded:
+    """'[3/12] alice: graded, 7 points (14 s); 2 running', '... NOT GRADED: why' or
+    '... FLAGGED for manual grading, 0 points: why'."""
+    if outcome.flagged:
+        what = (f"FLAGGED for manual grading, 0 points: {outcome.flagged[0]}"
+                + (f" (and {len(outcome.flagged) - 1} more)" if len(outcome.flagged) > 1
+                   else ""))
+    elif outcome.graded:
         got = sum(s or 0 for s, _ in outcome.scores.values())
         what = f"graded, {got:g} points"
     else:
@@ -177,13 +199,24 @@ def progress_line(done: int, total: int, outcome: Outcome, running: int) -> str:
             + (f"; {running} running" if running else ""))
 
 
+class SandboxUnavailable(RuntimeError):
+    """Grading was asked for in the sandbox, and the sandbox cannot run on this machine."""
+
+
 def grade_class(name: str, *, root: Path | None = None, jobs: int | None = None,
                 timeout: float = 1800.0, cell_timeout: int | None = None, force: bool = False,
-                students: Iterable[str] | None = None,
+                students: Iterable[str] | None = None, sandboxed: bool = True,
+                limits: Limits | None = None,
                 say: Callable[[str], None] = print) -> Summary:
     """Autograde every submission of `name` (or of `students`) in `jobs` parallel jobs, each
-    within `timeout` seconds; record the results in the course's gradebook as they arrive."""
-    root = root or repo_root()
+    in its own sandbox (unless `sandboxed` is False) within `timeout` seconds and `limits`;
+    record the results in the course's gradebook as they arrive."""
+    root = Path(root).resolve() if root else repo_root()
+    if sandboxed and (why := sandbox.problem()):
+        raise SandboxUnavailable(
+            f"cannot grade in the sandbox: {why}. Without it every submission runs as you, "
+            "able to read and change the gradebook, solutions/ and other learners' work: "
+            "`--no-sandbox` does that, for submissions you trust")
     if name not in assignments(root):
         raise ValueError(f"no such assignment in solutions/: {name}")
     if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
@@ -214,18 +247,27 @@ def grade_class(name: str, *, root: Path | None = None, jobs: int | None = None,
     say(f"grading {name}: {len(todo)} submission(s) with {min(jobs, max(1, len(todo)))} "
         f"job(s)" + (f", {len(skipped)} unchanged since graded (--force regrades them)"
                      if skipped else ""))
+    limits = limits or Limits()
+    run_id = uuid.uuid4().hex
+    probe = Cgroups.create(limits)   # which limits this machine's cgroups can hold
+    probe.kill_all()
+    held = held_text(limits, probe)
+    if sandboxed:
+        say(f"each submission in a sandbox of its own; limits: {limits.describe()} ({held})")
+    else:
+        say(UNSANDBOXED)
     outcomes: list[Outcome] = []
     if not todo:
-        return Summary(name, outcomes, skipped, time.monotonic() - started)
+        return Summary(name, outcomes, skipped, time.monotonic() - started, run_id, sandboxed,
+                       held)
     base = Path(tempfile.mkdtemp(prefix=f"dpmp-grade-{name}-"))
     try:
-        snapshot = base / "gradebook.db"
-        shutil.copy(root / "gradebook.db", snapshot)
-        live: set[subprocess.Popen] = set()
+        settings = Settings(root, _snapshot(root, base), base, timeout, cell_timeout,
+                            sandboxed, limits, run_id)
+        live: set[Running] = set()
         with ThreadPoolExecutor(max_workers=jobs) as pool, \
                 open_gradebook(gradebook_url(root)) as gb:
-            of = {pool.submit(grade_one, name, s, f, root=root, gradebook=snapshot, base=base,
-                              timeout=timeout, cell_timeout=cell_timeout, live=live): s
+            of = {pool.submit(grade_one, name, s, f, settings=settings, live=live): s
                   for s, f in todo.items()}
             pending = set(of)
             try:
@@ -237,7 +279,8 @@ def grade_class(name: str, *, root: Path | None = None, jobs: int | None = None,
                         _install(root, name, outcome)
                         state[outcome.student] = {"fingerprint": outcome.fingerprint,
                                                   "graded": outcome.graded,
-                                                  "reason": outcome.reason}
+                                                  "reason": outcome.reason,
+                                                  "flagged": outcome.flagged}
                         _save_state(root, name, state)
                         outcomes.append(outcome)
                         if outcome.scratch:
@@ -248,21 +291,37 @@ def grade_class(name: str, *, root: Path | None = None, jobs: int | None = None,
                 for future in pending:
                     future.cancel()
                 while live:
-                    for proc in list(live):
-                        kill_tree(proc)
-                        live.discard(proc)
+                    for job in list(live):
+                        job.kill()
+                        live.discard(job)
                     time.sleep(0.1)   # a job between two nbgrader runs may start one more
                 raise
     finally:
         shutil.rmtree(base, ignore_errors=True)
-    summary = Summary(name, outcomes, skipped, time.monotonic() - started)
+    summary = Summary(name, outcomes, skipped, time.monotonic() - started, run_id, sandboxed,
+                      held)
     minutes = summary.seconds / 60
+    flagged = [o.student for o in outcomes if o.graded and o.flagged]
     say(f"graded {len(outcomes) - len(summary.failed)} of {len(outcomes)} in "
         f"{summary.seconds:.0f} s ({len(outcomes) / minutes:.1f} per minute)"
         + (f"; NOT GRADED (zero, flagged for manual grading): "
-           f"{', '.join(o.student for o in summary.failed)}" if summary.failed else ""))
+           f"{', '.join(o.student for o in summary.failed)}" if summary.failed else "")
+        + (f"; FLAGGED (zero, for manual grading: see `dpmp-lab report {name}`): "
+           f"{', '.join(flagged)}" if flagged else "")
+        + ("" if sandboxed else "; graded WITHOUT the sandbox"))
     return summary
 
 
-__all__ = ["Summary", "default_jobs", "ensure_assignment", "grade_class", "gradebook_dump",
+def _snapshot(root: Path, base: Path) -> Path:
+    """The gradebook every job starts from: the course's assignments, and no learner at all
+    (a job's nbgrader creates its own learner), so no job holds another learner's grades."""
+    snapshot = base / "gradebook.db"
+    shutil.copy(root / "gradebook.db", snapshot)
+    with open_gradebook(gradebook_url(base)) as gb:
+        for student in list(gb.students):
+            gb.remove_student(student.id)
+    return snapshot
+
+
+__all__ = ["SandboxUnavailable", "Summary", "default_jobs", "ensure_assignment", "grade_class", "gradebook_dump",
            "record", "submissions"]

@@ -6,6 +6,7 @@ these at once and alone records their outcomes in the course's gradebook.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -21,8 +22,11 @@ from pathlib import Path
 from nbgrader.api import Gradebook, MissingEntry
 
 from dpmp_lab.course import COURSE_ID, gradebook_url
+from dpmp_lab.limits import Cgroups, Limits, disk_used, enter_command
 
 PACKAGE_HOME = Path(__file__).resolve().parent.parent
+REPORT = "dpmp-report.json"   # what GuardedExecute found, in the job's scratch course
+MAX_FILES = 20000             # files a submission may make before its job is stopped
 
 
 @dataclass
@@ -40,6 +44,8 @@ class Outcome:
     comments: dict[tuple[str, str], str | None] = field(default_factory=dict)
     penalties: dict[str, float] = field(default_factory=dict)
     scratch: Path | None = None          # the job's course root: autograded/ and feedback/
+    flagged: list[str] = field(default_factory=list)   # why it needs the instructor's eyes
+    peak: dict[str, int] = field(default_factory=dict)  # memory_mb, tasks: the most it used
 
 
 def open_gradebook(url: str) -> Gradebook:
@@ -93,6 +99,33 @@ def kill_tree(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+@dataclass(eq=False)
+class Running:
+    """One job's nbgrader process and its cgroups, while it runs: what an interrupted
+    grade_class kills."""
+
+    proc: subprocess.Popen
+    cgroups: Cgroups
+
+    def kill(self) -> None:
+        kill_tree(self.proc)
+        self.cgroups.kill_all()
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What every job of one grading run shares."""
+
+    root: Path                # the course root
+    gradebook: Path           # the snapshot every job starts from (no learner in it)
+    base: Path                # the run's scratch folder, where every job has its own
+    timeout: float            # seconds one submission may take in all
+    cell_timeout: int | None = None
+    sandbox: bool = True
+    limits: Limits = field(default_factory=Limits)
+    run_id: str = ""          # in every job process's environment: DPMP_LAB_GRADING_RUN
+
+
 def _last_error(log: str) -> str:
     """The last 'SomethingError: message' line of nbgrader's log, else its last line."""
     lines = [line.strip() for line in log.splitlines() if line.strip()]
@@ -100,70 +133,146 @@ def _last_error(log: str) -> str:
     return (errors or lines or ["no output"])[-1][:300]
 
 
-def _run(args: list[str], cwd: Path, deadline: float,
-         live: set[subprocess.Popen]) -> tuple[int | None, str]:
-    """`nbgrader args` in cwd until the deadline: (exit code or None if killed, its log).
-    While it runs it is in `live`, so that an interrupted grade_class can kill it."""
+def _run(args: list[str], scratch: Path, deadline: float, settings: Settings,
+         cgroups: Cgroups, watched: list[Path], live: set) -> tuple[int | None, str, str]:
+    """`nbgrader args` in the scratch course until it ends, the deadline passes or a limit is
+    hit: (exit code or None if stopped, its log, why it was stopped). While it runs it is in
+    `live`, so that an interrupted grade_class can kill it."""
     env = dict(os.environ)
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     # nbgrader_config.py and the kernel import dpmp_lab: from this checkout, wherever cwd is
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_HOME), env.get("PYTHONPATH"))
                                         if p)
-    log = cwd / "nbgrader.log"
+    env["DPMP_LAB_GRADING_RUN"] = settings.run_id
+    log = scratch / "nbgrader.log"
+    command = enter_command([sys.executable, "-m", "nbgrader", *args], settings.limits,
+                            cgroups)
+    stopped, disk_at = "", 0.0
     with open(log, "a") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "nbgrader", *args], cwd=cwd, env=env,
+        proc = subprocess.Popen(command, cwd=scratch, env=env, stdin=subprocess.DEVNULL,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        live.add(proc)
+        running = Running(proc, cgroups)
+        live.add(running)
         try:
-            code: int | None = proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            kill_tree(proc)
-            code = None
+            while (code := _wait(proc, 0.25)) is None:
+                if time.monotonic() >= deadline:
+                    stopped = "time"
+                elif time.monotonic() >= disk_at:
+                    disk_at = time.monotonic() + 1.0
+                    stopped = _disk_over(watched, settings.limits)
+                stopped = stopped or cgroups.hit() or ""
+                if stopped:
+                    running.kill()
+                    break
         finally:
-            live.discard(proc)
-    return code, log.read_text(errors="replace")
+            live.discard(running)
+    return (None if stopped else code), log.read_text(errors="replace"), stopped
 
 
-def _scratch_root(root: Path, name: str, student: str, folder: Path, gradebook: Path,
-                  base: Path) -> Path:
-    scratch = Path(tempfile.mkdtemp(prefix=f"{student[:40]}-", dir=base))
-    shutil.copy(root / "nbgrader_config.py", scratch)
-    shutil.copy(gradebook, scratch / "gradebook.db")
-    (scratch / "solutions").mkdir()
-    (scratch / "solutions" / name).symlink_to(root / "solutions" / name)
+def _wait(proc: subprocess.Popen, seconds: float) -> int | None:
+    try:
+        return proc.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def _disk_over(folders: list[Path], limits: Limits) -> str:
+    used, entries = disk_used(folders, MAX_FILES)
+    if entries > MAX_FILES:
+        return f"it made more than {MAX_FILES} files"
+    if used > limits.disk_mb * 2**20:
+        return f"it wrote more than its disk limit of {limits.disk_mb} MiB"
+    return ""
+
+
+def _scratch_root(name: str, student: str, folder: Path, settings: Settings) -> Path:
+    """A course root of the job's own, made of copies: the course's configuration (and this
+    job's settings), the assignment's source, the gradebook snapshot, the submission."""
+    scratch = Path(tempfile.mkdtemp(prefix=f"{student[:40]}-", dir=settings.base))
+    shutil.copy(settings.gradebook, scratch / "gradebook.db")
+    shutil.copytree(settings.root / "solutions" / name, scratch / "solutions" / name)
     shutil.copytree(folder, scratch / "submitted" / student / name)   # keeps the file times
     return scratch
 
 
-def grade_one(name: str, student: str, folder: Path, *, root: Path, gradebook: Path,
-              base: Path, timeout: float, cell_timeout: int | None = None,
-              live: set[subprocess.Popen] | None = None) -> Outcome:
-    """Autograde one submission and write its feedback, in a scratch course root, within
-    `timeout` seconds in all. Never raises for the submission's own trouble: says it."""
+def _job_config(settings: Settings, scratch: Path, sockets: str) -> str:
+    """The course's nbgrader_config.py, then what this job adds (dpmp_lab.nbgrader_plugin)."""
+    job = {"sandbox": settings.sandbox, "report_path": str(scratch / REPORT),
+           "cell_output_bytes": settings.limits.cell_output_kb * 1024,
+           "notebook_output_bytes": settings.limits.notebook_output_mb * 2**20,
+           "job_dir": str(scratch / "sandbox"), "socket_dir": sockets,
+           "hidden": [str(settings.root), str(settings.base)]}
+    return ((settings.root / "nbgrader_config.py").read_text()
+            + "\n\n# -- added by `dpmp-lab grade` for this one job\n"
+            + "from dpmp_lab.nbgrader_plugin import configure as _dpmp_configure  # noqa\n"
+            + f"_dpmp_configure(c, {job!r})\n")
+
+
+def _size_of(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def grade_one(name: str, student: str, folder: Path, *, settings: Settings,
+              live: set | None = None) -> Outcome:
+    """Autograde one submission and write its feedback, in a scratch course root and (unless
+    settings say otherwise) in the sandbox, within the time and limits of `settings`. Never
+    raises for the submission's own trouble: says it."""
     start = time.monotonic()
-    fp = fingerprint(folder, root / "solutions" / name)
-    scratch = _scratch_root(root, name, student, folder, gradebook, base)
-    extra = [f"--Execute.timeout={cell_timeout}"] if cell_timeout else []
-    deadline = start + timeout
+    fp = fingerprint(folder, settings.root / "solutions" / name)
     live = set() if live is None else live
+    size = _size_of(folder)
+    if size > settings.limits.disk_mb * 2**20:
+        return Outcome(student, fp, graded=False, reason=(
+            f"the submission is {size / 2**20:.0f} MiB, over the disk limit of "
+            f"{settings.limits.disk_mb} MiB"))
+    scratch = _scratch_root(name, student, folder, settings)
+    sockets = tempfile.mkdtemp(prefix="dpk-")   # short: unix socket paths are ~107 bytes
+    (scratch / "nbgrader_config.py").write_text(_job_config(settings, scratch, sockets))
+    cgroups = Cgroups.create(settings.limits)
     outcome = Outcome(student, fp, graded=False, scratch=scratch)
-    code, log = _run(["autograde", name, "--create", f"--student={student}", *extra],
-                     scratch, deadline, live)
-    if code == 0:
-        code, log = _run(["generate_feedback", name, f"--student={student}", "--force"],
-                         scratch, deadline, live)
+    watched = [scratch / "sandbox", Path(sockets)]
+    extra = [f"--Execute.timeout={settings.cell_timeout}"] if settings.cell_timeout else []
+    deadline = start + settings.timeout
+    try:
+        code, log, stopped = _run(["autograde", name, "--create", f"--student={student}",
+                                   *extra], scratch, deadline, settings, cgroups, watched, live)
+        report = _report(scratch)
+        if code == 0 and not report.get("limit"):
+            code, log, stopped = _run(["generate_feedback", name, f"--student={student}",
+                                       "--force"], scratch, deadline, settings, cgroups,
+                                      watched, live)
+        stopped = stopped or cgroups.hit() or ""   # a kernel the OOM killer ended, say
+        outcome.peak = cgroups.peak()
+    finally:
+        cgroups.kill_all()
+        shutil.rmtree(sockets, ignore_errors=True)
+        shutil.rmtree(scratch / "sandbox", ignore_errors=True)
     outcome.seconds = time.monotonic() - start
-    if code is None:
-        outcome.reason = (f"stopped after the time limit of {timeout:g} s (a cell that never "
-                          "finishes?); its kernel and ranks were killed")
+    outcome.flagged = list(report.get("forgery") or [])
+    if stopped == "time":
+        outcome.reason = (f"stopped after the time limit of {settings.timeout:g} s (a cell "
+                          "that never finishes?); its kernel and ranks were killed")
+    elif stopped or report.get("limit"):
+        outcome.reason = f"stopped: {stopped or report['limit']}"
     elif code:
         outcome.reason = f"nbgrader could not grade it: {_last_error(log)}"
     elif not (scratch / "autograded" / student / name).is_dir():
         outcome.reason = f"nbgrader wrote no graded notebook: {_last_error(log)}"
+    elif not report:
+        outcome.reason = ("the guarded execution step never ran (nbgrader_config.py must not "
+                          "replace dpmp_lab's autograde preprocessors)")
     else:
         outcome.graded = True
     _read_scores(scratch, name, student, outcome)
     return outcome
+
+
+def _report(scratch: Path) -> dict:
+    """What GuardedExecute found (nbgrader_plugin), or {} when it never wrote."""
+    try:
+        return json.loads((scratch / REPORT).read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def _read_scores(scratch: Path, name: str, student: str, outcome: Outcome) -> None:
@@ -181,4 +290,5 @@ def _read_scores(scratch: Path, name: str, student: str, outcome: Outcome) -> No
         pass   # nbgrader failed before recording the submission: zeros are recorded for it
 
 
-__all__ = ["Outcome", "fingerprint", "grade_one", "kill_tree", "open_gradebook"]
+__all__ = ["Outcome", "Running", "Settings", "fingerprint", "grade_one", "kill_tree",
+           "open_gradebook"]

@@ -165,6 +165,11 @@ def verify() -> None:
             + ". Restart the kernel and run the notebook without those changes.")
 
 
+def guarded_count() -> int:
+    """How many functions and classes the snapshot holds (0: never taken, or emptied)."""
+    return len(_snapshot)
+
+
 def grading() -> bool:
     """True while nbgrader autogrades or validates this notebook."""
     return bool(os.environ.get("NBGRADER_EXECUTION"))

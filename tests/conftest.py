@@ -64,3 +64,12 @@ def no_leaks(warm):
         time.sleep(0.05)
     assert stray_processes() == [], "rank processes were left behind"
     assert open_fds() <= before, f"file descriptors leaked: {before} before, {open_fds()} after"
+
+
+@pytest.fixture(scope="session")
+def graded_class(tmp_path_factory) -> dict:
+    """One class of 00_launch, honest learners and attackers, graded twice (grading_class.py):
+    shared by test_class_grading.py and test_grading_trust.py, it costs its minutes once."""
+    from .grading_class import grade_the_class  # it imports this file: no cycle at import
+
+    return grade_the_class(tmp_path_factory.mktemp("class"))

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import nbformat
 import pytest
 import torch
 import torch.distributed as dist
 
 import dpmp_lab as dl
-from dpmp_lab import integrity, scan
+from dpmp_lab import integrity
 from dpmp_lab.integrity import TamperingDetected
 
 
@@ -55,52 +54,3 @@ def test_a_rank_that_changes_the_grader_fails_under_nbgrader(warm, monkeypatch):
     with pytest.raises(dl.LaunchError) as info:
         dl.launch(rank_that_switches_the_tracer_off, world_size=1, stream=False)
     assert "dpmp_lab.trace._flatten was replaced" in str(info.value)
-
-
-GIVEN = ["import torch\nimport torch.distributed as dist\nimport dpmp_lab as dl\n"
-         "from dpmp_lab.check import comm"]
-
-
-@pytest.mark.parametrize("line", [
-    "dl.check.comm = lambda *a, **k: None",
-    "dist.all_reduce = print",
-    "setattr(dl.check, 'compare', print)",
-    "vars(dl.check)['close'] = print",
-    "dl.check.__dict__['close'] = print",
-    "vars(dl.check).update(comm=print)",
-    "dl.Trace.count = lambda self, *a: 0",
-    "comm.__code__ = (lambda *a: None).__code__",
-    "del dl.check.comm",
-    "with dl.integrity.swapped(dl.check, 'comm', print): pass",
-])
-def test_scan_finds_writes_into_the_grader(line):
-    assert scan.scan(["def f():\n    return 1\n" + line], context=GIVEN) == [f"`{line}`"]
-
-
-@pytest.mark.parametrize("line", [
-    "model.weight = torch.nn.Parameter(torch.ones(2))",
-    "torch.backends.cudnn.deterministic = True",
-    "x = dl.check.comm",
-    "grads = {}\ngrads['w'] = dist.get_rank()",
-    "p.grad /= dist.get_world_size()",
-    "this is not python",
-])
-def test_scan_leaves_ordinary_code_alone(line):
-    assert scan.scan([line], context=GIVEN) == []
-
-
-def test_autograde_zeroes_a_tampering_submission_naming_the_line():
-    from dpmp_lab.nbgrader_plugin import TamperScan
-
-    def cell(source, **meta):
-        c = nbformat.v4.new_code_cell(source)
-        c.metadata["nbgrader"] = {"grade_id": meta.get("id", "x"), **meta}
-        return c
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [cell(GIVEN[0], id="imports"),
-                cell("def f():\n    return 2\ndl.check.comm = print", id="f", solution=True),
-                cell("assert f() == 2", id="f_tests", grade=True, points=1)]
-    TamperScan().preprocess(nb, {})
-    [error] = nb.cells[2].outputs
-    assert error["ename"] == "TamperingDetected" and "`dl.check.comm = print`" in error["evalue"]
-    assert nb.cells[1].outputs == []

@@ -1,0 +1,174 @@
+"""The sandbox an untrusted submission runs in: bubblewrap (Linux), built from a whitelist.
+
+A learner's notebook is code the instructor did not write, executed by nbgrader in a kernel of
+its own. Inside the sandbox that kernel, and every rank it launches, sees:
+
+    /usr /bin /lib ...      the system, read-only (and from /etc only what programs need)
+    python, venv, dpmp_lab  this interpreter, its packages and the package, read-only
+    /job/work               a private copy of the submission's folder: its working directory
+    /job/home, /tmp         a private home and temp folder
+    the kernel folder       the connection file and ipc sockets, at the same path as outside
+
+and nothing else: not the course root (gradebook, solutions/, other learners, feedback), not
+the grader's scratch folders, not the instructor's home, no network but its own loopback,
+no process outside its own pid namespace (so nothing it starts survives it), no capability,
+no new user namespace. Limits (memory, processes, disk, time) are the job's, in limits.py.
+
+Only the standard library here: `dpmp-lab doctor` asks `problem()` on machines without
+jupyter. The kernel manager that starts a kernel this way is in sandbox_kernel.py.
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+import os
+import shutil
+import site
+import subprocess
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+WORK = "/job/work"     # the kernel's working directory inside
+HOME = "/job/home"
+
+SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+# from /etc, what the dynamic linker, Python, torch, matplotlib and name lookups read; not
+# shadow files, ssh keys, sudoers or the machine's secrets
+ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "passwd", "group", "nsswitch.conf",
+       "hosts", "host.conf", "localtime", "timezone", "ssl/certs", "ca-certificates",
+       "fonts", "mime.types", "os-release", "alternatives", "matplotlibrc")
+# environment variables a kernel keeps (by prefix); everything else, the instructor's tokens
+# and keys included, stays outside
+KEEP_ENV = ("LANG", "LC_", "TZ", "TERM", "PYTHONPATH", "PYTHONHASHSEED", "PYTHONWARNINGS",
+            "DPMP_LAB_", "NBGRADER_", "CUDA_", "NCCL_", "GLOO_", "TORCH_", "OMP_", "MKL_",
+            "OPENBLAS_", "MPLBACKEND", "NVIDIA_", "PYDEVD_")
+
+
+def bwrap() -> str | None:
+    """The bubblewrap program, or None."""
+    return shutil.which("bwrap")
+
+
+def problem() -> str | None:
+    """Why the sandbox cannot run here, or None when it works (checked once per process by
+    running `true` in it, the way a kernel is run)."""
+    if not sys.platform.startswith("linux"):
+        return (f"the sandbox is Linux-only (bubblewrap); this is {sys.platform}: grade on a "
+                "Linux machine, or pass --no-sandbox to run submissions unsandboxed")
+    if bwrap() is None:
+        return ("bubblewrap is not installed (Debian/Ubuntu: apt-get install bubblewrap; "
+                "Fedora: dnf install bubblewrap)")
+    return _probe()
+
+
+@functools.lru_cache(maxsize=1)
+def _probe() -> str | None:
+    scratch = Path(os.environ.get("TMPDIR", "/tmp")) / f"dpmp-sandbox-probe-{os.getpid()}"
+    rw = {scratch / "work": WORK, scratch / "home": HOME, scratch / "tmp": "/tmp"}
+    for path in rw:
+        path.mkdir(parents=True, exist_ok=True)
+    try:
+        done = subprocess.run(argv(["/bin/sh", "-c", "test -w /job/work && ! test -w /usr"],
+                                   rw=rw, env={"PATH": "/usr/bin:/bin"}),
+                              capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"bubblewrap could not start: {exc}"
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    if done.returncode:
+        why = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+        return (f"bubblewrap refused to start a sandbox: {why} (unprivileged user namespaces "
+                "may be off: sysctl kernel.unprivileged_userns_clone, or AppArmor's "
+                "apparmor_restrict_unprivileged_userns on Ubuntu)")
+    return None
+
+
+def argv(command: Sequence[str], *, rw: dict[Path, str], env: dict[str, str],
+         chdir: str = WORK, hidden: Iterable[Path] = ()) -> list[str]:
+    """The bwrap command line that runs `command` in the sandbox.
+
+    rw: writable folders, outside path -> path inside. env: the whole environment inside.
+    hidden: folders that must not be visible even where a read-only bind would contain them
+    (the course root, the grader's scratch): masked with an empty tmpfs.
+    """
+    args = [bwrap() or "bwrap", "--unshare-all", "--unshare-user", "--uid", "65534",
+            "--gid", "65534", "--cap-drop", "ALL", "--die-with-parent", "--new-session",
+            "--hostname", "sandbox", "--proc", "/proc", "--dev", "/dev"]
+    if "--disable-userns" in _bwrap_help():   # bubblewrap >= 0.8: no nested namespaces
+        args.insert(2, "--disable-userns")
+    for device in sorted(glob.glob("/dev/nvidia*")):   # a GPU server's devices, for nccl
+        args += ["--dev-bind", device, device]
+    hidden = [Path(h).resolve() for h in hidden]
+    ro = [Path(p) for p in (*SYSTEM, *(os.path.join("/etc", n) for n in ETC), "/sys")
+          if os.path.lexists(p)] + python_paths(hidden)
+    for path in ro:
+        if path.is_symlink() and str(path) in SYSTEM:   # /lib -> usr/lib on merged-/usr
+            args += ["--symlink", os.readlink(path), str(path)]
+        else:
+            args += ["--ro-bind", str(path), str(path)]
+    for h in hidden:   # a hidden folder inside a bound one: an empty tmpfs over it
+        if any(h.is_relative_to(path) for path in ro):
+            args += ["--tmpfs", str(h)]
+            args += [a for path in ro if path.is_relative_to(h) and path != h
+                     for a in ("--ro-bind", str(path), str(path))]
+    for outside, inside in sorted(rw.items(), key=lambda kv: len(kv[1])):
+        args += ["--bind", str(outside), inside]
+    args += ["--remount-ro", "/", "--chdir", chdir, "--clearenv"]
+    for key, value in sorted(env.items()):
+        args += ["--setenv", key, value]
+    return [*args, "--", *command]
+
+
+@functools.lru_cache(maxsize=1)
+def _bwrap_help() -> str:
+    try:
+        return subprocess.run([bwrap() or "bwrap", "--help"], capture_output=True,
+                              text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
+def python_paths(hidden: Sequence[Path] = ()) -> list[Path]:
+    """What this interpreter needs to run the kernel and the ranks, read-only: its prefixes,
+    its import path and the dpmp_lab package, minus anything that would reveal a hidden
+    folder (an editable install puts the whole checkout, the course root, on sys.path: only
+    its dpmp_lab folder is bound)."""
+    here = Path(__file__).resolve().parent
+    wanted = {Path(sys.base_prefix), Path(sys.prefix), Path(sys.exec_prefix),
+              Path(sys.executable).resolve().parent.parent, here}
+    wanted |= {Path(p) for p in [*site.getsitepackages(), *sys.path] if p}
+    keep = []
+    for path in wanted:
+        try:
+            path = path.resolve()
+        except OSError:
+            continue
+        if not path.is_dir() or path == Path("/"):
+            continue
+        if any(h == path or h.is_relative_to(path) for h in hidden) and path != here:
+            continue
+        keep.append(path)
+    # a folder inside another one is bound with it
+    return sorted(p for p in keep if not any(p != q and p.is_relative_to(q) for q in keep))
+
+
+def kernel_env(env: dict[str, str], extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment inside: what `env` has of KEEP_ENV, a PATH of this interpreter and the
+    system, and home, temp and cache folders that are the sandbox's own."""
+    kept = {k: v for k, v in env.items() if k.startswith(KEEP_ENV)}
+    bindir = os.path.dirname(sys.executable)
+    kept.update({
+        "PATH": f"{bindir}:/usr/local/bin:/usr/bin:/bin",
+        "HOME": HOME, "TMPDIR": "/tmp", "USER": "nobody",
+        "IPYTHONDIR": f"{HOME}/.ipython", "MPLCONFIGDIR": f"{HOME}/.config/matplotlib",
+        "XDG_CACHE_HOME": f"{HOME}/.cache", "JUPYTER_RUNTIME_DIR": f"{HOME}/.jupyter-runtime",
+        # the sandbox's only network interface; gloo and nccl would look for another one
+        "GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": env.get("NCCL_SOCKET_IFNAME", "lo"),
+    })
+    kept.update(extra or {})
+    return kept
+
+
+__all__ = ["HOME", "WORK", "argv", "bwrap", "kernel_env", "problem", "python_paths"]

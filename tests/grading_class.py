@@ -1,0 +1,235 @@
+"""One class of 00_launch, graded the documented way, shared by tests/test_class_grading.py
+(grading a class: order, time limits, the report) and tests/test_grading_trust.py (every
+attack on the grader is harmless).
+
+The class: honest learners (the solution, the blank release, two wrong answers, a cell that
+never ends, a kernel that kills itself) and one attacker per attack, each what a learner could
+write in one solution cell:
+- reaching out: read and append to the gradebook, solutions/, nbgrader_config.py and another
+  learner's submission, from the cell and from two daemons (a new session, a double fork) that
+  keep trying for a minute and a half; look for the other jobs; connect to the network;
+- forgeries: an input transformer that turns every later cell into `pass`; integrity's record
+  emptied and the checks replaced through an alias; a function that reads the hidden test's
+  expected value from its caller's frame; the same transformer and a hook that prints every
+  cell (the hidden tests) reached through strings, so that no scan can read them;
+- limits: a 50 MB line, 3 GiB of memory, a 150 MiB file, 200 processes.
+
+It is graded twice: the whole class with two jobs, in the sandbox, with tight limits, from a
+course root given as a relative path and with a temp folder of its own (what is left in it is
+ours to count); and the honest learners but the hang alone, with one job, in a course of their
+own, to compare.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import nbformat
+
+from dpmp_lab import course, grading
+from dpmp_lab.limits import Limits
+
+from .conftest import ROOT
+from .test_course import _with_replacements, source_notebook, variants
+
+NAME = "00_launch"
+VARIANTS = {v["name"]: v for v in variants(NAME)}
+ROWS = VARIANTS["rows dropped when n does not divide"]
+ALL_REDUCE = VARIANTS["all_reduce where all_gather belongs"]
+HANGS = {"predict": "import time\nwhile True:\n    time.sleep(0.2)"}
+KILLS = {"predict": "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)"}
+PREDICT = "predicted_returned = [1, 1, 1]\npredicted_seen = []\n"
+
+# learner -> what they hand in: "solution", "release", cells of the solution replaced, or
+# ("release", cells): cells of the blank release filled in (an attack with nothing solved).
+# Ids that no message contains by chance, so that the anonymity checks mean something.
+HONEST = {"ada_l17": "solution", "ben_l17": "release", "cy_l17": ROWS["replace"],
+          "dee_l17": ROWS["replace"], "eve_l17": ALL_REDUCE["replace"], "fay_l17": HANGS,
+          "gus_l17": KILLS}
+BROKEN = {"cy_l17": ROWS, "dee_l17": ROWS, "eve_l17": ALL_REDUCE}
+NOT_GRADED = {"fay_l17", "gus_l17"}
+VICTIM = "ada_l17"
+
+SHELL = 'get_ipython().input_transformers_cleanup.append(lambda lines: ["pass\\n"])\n'
+SNAPSHOT = '''import sys
+sys.modules["dpmp_lab.integrity"]._snapshot.clear()
+c = dl.check
+c.comm = lambda *args, **kwargs: None
+c.close = lambda *args, **kwargs: None
+'''
+FRAME = '''import sys
+def my_rows(n, rank, world):
+    want = sys._getframe(2).f_locals["want"]     # check_rows -> its list -> here
+    return range(want[rank][0], want[rank][-1] + 1) if want[rank] else range(0)
+'''
+# the shell reached through strings: nothing here names a hatch the scan knows
+_SHELL_BY_STRINGS = ('import sys\n_sh = getattr(getattr(sys, "mod" + "ules")["IPy" + "thon"], '
+                     '"get_" + "ipython")()\n')
+HIDDEN_SHELL = _SHELL_BY_STRINGS + ('getattr(_sh, "input_" + "transformers_cleanup").append('
+                                    'lambda lines: ["pass\\n"])\n')
+LEAK = _SHELL_BY_STRINGS + ('getattr(_sh, "ev" + "ents").register("post_run_cell", '
+                            'lambda result: print("CELL", result.info.raw_cell))\n') + PREDICT
+FLOOD = 'print("x" * 50_000_000)\n'
+MEMORY = "hog = bytearray(3 * 2**30)\n"
+DISK = ('with open("big.bin", "wb") as f:\n    for _ in range(150):\n'
+        '        f.write(b"x" * 2**20)\n')
+FORK = "import subprocess\nkids = [subprocess.Popen(['sleep', '30']) for _ in range(200)]\n"
+
+FORGED = {"mal_shell": "kernel's shell", "mal_snapshot": "integrity", "mal_frame": "call stack",
+          "mal_hidden_shell": "no receipt", "mal_leak": "hooks installed"}
+STOPPED = {"mal_flood": "output limit", "mal_memory": "memory limit", "mal_disk": "disk limit",
+           "mal_fork": "processes"}
+ATTACKERS = {"mal_reach", *FORGED, *STOPPED}
+LIMITS = Limits(memory_mb=1536, processes=128, disk_mb=64, cell_output_kb=256,
+                notebook_output_mb=4)
+# a legitimate submission takes 10-40 s on the 2-core machine (more with it loaded by other
+# work); the hang is stopped at this limit, paid once
+LIMIT = 90.0
+
+
+def reach(root: Path) -> str:
+    """The reaching-out attack, aimed at the files of course root `root`."""
+    targets = [str(root / p) for p in ("gradebook.db", "nbgrader_config.py",
+                                       f"solutions/{NAME}/{NAME}.ipynb",
+                                       f"submitted/{VICTIM}/{NAME}/{NAME}.ipynb")]
+    return f'''import glob, json, os, socket, subprocess, sys
+TARGETS = {targets!r}
+found = {{}}
+for path in TARGETS + [{str(root)!r}, {str(root / "submitted")!r}]:
+    try:
+        if os.path.isdir(path):
+            found[path] = "LISTED " + " ".join(os.listdir(path))
+        else:
+            with open(path, "rb") as f:
+                f.read(64)
+            found[path] = "READ"
+            with open(path, "ab") as f:
+                f.write(b"pwned")
+            found[path] = "WROTE"
+    except OSError as exc:
+        found[path] = type(exc).__name__
+found["other jobs"] = glob.glob("/tmp/dpmp-grade-*") + glob.glob("/tmp/*/dpmp-grade-*")
+try:
+    socket.create_connection(("1.1.1.1", 80), timeout=2)
+    found["network"] = "CONNECTED"
+except OSError as exc:
+    found["network"] = type(exc).__name__
+daemon = ("import time\\nfor _ in range(900):\\n    for p in %r:\\n        try:\\n"
+          "            open(p, 'ab').write(b'pwned')\\n        except OSError:\\n"
+          "            pass\\n    time.sleep(0.1)\\n" % (TARGETS,))
+subprocess.Popen([sys.executable, "-c", daemon], start_new_session=True)
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execv(sys.executable, [sys.executable, "-c", daemon])
+    os._exit(0)
+print("REACH", json.dumps(found))
+''' + PREDICT
+
+
+def attackers(root: Path) -> dict:
+    return {"mal_reach": {"predict": reach(root)},
+            "mal_shell": ("release", {"predict": SHELL}),
+            "mal_snapshot": ("release", {"predict": SNAPSHOT + PREDICT}),
+            "mal_frame": {"my_rows": FRAME},
+            "mal_hidden_shell": ("release", {"predict": HIDDEN_SHELL}),
+            "mal_leak": {"predict": LEAK},
+            "mal_flood": {"predict": FLOOD}, "mal_memory": {"predict": MEMORY},
+            "mal_disk": {"predict": DISK}, "mal_fork": {"predict": FORK}}
+
+
+def course_root(path: Path) -> Path:
+    path.mkdir()
+    shutil.copy(ROOT / "nbgrader_config.py", path)
+    shutil.copytree(ROOT / "solutions" / NAME, path / "solutions" / NAME)
+    return path
+
+
+def hand_in(root: Path, learner: str, nb: nbformat.NotebookNode) -> None:
+    folder = root / "submitted" / learner / NAME
+    folder.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, folder / f"{NAME}.ipynb")
+
+
+def notebook_of(handed, released: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    if handed == "solution":
+        return source_notebook(NAME)
+    if handed == "release":
+        return released
+    if isinstance(handed, tuple):   # cells of the release filled in
+        nb = copy.deepcopy(released)
+        for cell in nb.cells:
+            if cell.metadata.get("nbgrader", {}).get("grade_id") in handed[1]:
+                cell.source = handed[1][cell.metadata["nbgrader"]["grade_id"]]
+        return nb
+    return _with_replacements(source_notebook(NAME), handed)
+
+
+def tree_hash(path: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(path.rglob("*")) if path.is_dir() else [path]:
+        if p.is_file():
+            h.update(str(p).encode() + p.read_bytes())
+    return h.hexdigest()
+
+
+def run_processes(run_id: str) -> list[str]:
+    """Live processes of one grading run: every job process carries the run's id."""
+    mark = f"DPMP_LAB_GRADING_RUN={run_id}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if mark not in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+                    continue
+                state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if state != "Z":
+                found.append(entry)
+    return found
+
+
+def grade_the_class(base: Path) -> dict:
+    """Both gradings; what the tests read of them."""
+    two = course_root(base / "two")
+    course.nbgrader("generate_assignment", NAME, "--force", root=two, capture=True)
+    released = nbformat.read(two / "course" / NAME / f"{NAME}.ipynb", as_version=4)
+    everyone = {**HONEST, **attackers(two)}
+    for learner, handed in everyone.items():
+        hand_in(two, learner, notebook_of(handed, released))
+    one = course_root(base / "one")
+    for learner in set(HONEST) - {"fay_l17"}:
+        shutil.copytree(two / "submitted" / learner, one / "submitted" / learner)
+    grading.ensure_assignment(NAME, two)
+    before = {p: tree_hash(two / p) for p in ("solutions", "nbgrader_config.py",
+                                              f"submitted/{VICTIM}/{NAME}")}
+    private_tmp = base / "tmp"
+    private_tmp.mkdir()
+    saved = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"], tempfile.tempdir = str(private_tmp), str(private_tmp)
+    lines: list[str] = []
+    out = {"two": two, "one": one, "lines": lines, "before": before, "tmp": private_tmp,
+           "everyone": set(everyone)}
+    try:
+        out["summary_two"] = grading.grade_class(NAME, root=Path(os.path.relpath(two)),
+                                                 jobs=2, timeout=LIMIT, limits=LIMITS,
+                                                 say=lines.append)
+        out["left_two"] = run_processes(out["summary_two"].run_id)
+        out["tmp_left"] = sorted(p.name for p in private_tmp.iterdir())
+    finally:
+        if saved[0] is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = saved[0]
+        tempfile.tempdir = saved[1]
+    out["summary_one"] = grading.grade_class(NAME, root=one, jobs=1, timeout=LIMIT,
+                                             limits=LIMITS, say=lines.append)
+    out["left_one"] = run_processes(out["summary_one"].run_id)
+    out["outcomes"] = {o.student: o for o in out["summary_two"].outcomes}
+    return out

@@ -1,0 +1,160 @@
+"""Grades a class can trust: every attack on the grader, handed in as a 00_launch submission
+in a class graded the documented way (tests/grading_class.py: two jobs, the sandbox, tight
+limits, a relative --root), is harmless: honest learners are graded exactly as alone, nothing
+outside a job is read or changed, every forgery is zeroed and flagged with its reason, every
+limit ends its own job and says so, nothing is left running or lying in the temp folder, and
+feedback is one HTML page without a hidden test.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+import shutil
+
+import nbformat
+import pytest
+
+from dpmp_lab import class_report, cli, course, grading, grading_job, nbgrader_plugin, sandbox
+
+from .conftest import ROOT
+from .grading_class import (
+    FORGED,
+    NAME,
+    NOT_GRADED,
+    ROWS,
+    STOPPED,
+    VICTIM,
+    tree_hash,
+)
+from .test_course import source_notebook
+
+pytestmark = [pytest.mark.timeout(1500), pytest.mark.skipif(
+    sandbox.problem() is not None and os.environ.get("CI") != "true",
+    reason=f"the sandbox cannot run here: {sandbox.problem()}")]
+
+
+def _scores(root) -> dict[str, dict[str, tuple]]:
+    dump = grading.gradebook_dump(course.gradebook_url(root), NAME)
+    return {s: {k[1]: v for k, v in cells.items() if isinstance(v, tuple)}
+            for s, cells in dump.items()}
+
+
+def test_honest_learners_are_graded_as_if_alone(graded_class):
+    scores = _scores(graded_class["two"])
+    assert sum(a for a, _, _ in scores["ada_l17"].values()) == 9
+    assert not any(flag for _, _, flag in scores["ada_l17"].values())
+    assert all(a == 0 for a, _, _ in scores["ben_l17"].values())
+    lost = {cell for cell, (a, _, _) in scores["cy_l17"].items() if a == 0}
+    assert lost == set(ROWS["loses"])
+    for learner, outcome in graded_class["outcomes"].items():
+        if not learner.startswith("mal_"):
+            assert not outcome.flagged, (learner, outcome.flagged)
+
+
+def test_nothing_outside_a_job_is_read_or_changed(graded_class):
+    root = graded_class["two"]
+    for path, digest in graded_class["before"].items():
+        assert tree_hash(root / path) == digest, f"{path} changed"
+    assert b"pwned" not in (root / "gradebook.db").read_bytes()
+    page = (root / "feedback" / "mal_reach" / NAME / f"{NAME}.html").read_text()
+    found = re.findall(r"REACH (\{.*?\})\s*<", html.unescape(page).replace("\n", " "))
+    assert found, "the attacker's report is missing from its own feedback"
+    reach = json.loads(found[-1])
+    course_paths = [p for p in reach if p.startswith(str(root.resolve()))]
+    assert len(course_paths) == 6
+    for path in course_paths:   # the course root does not exist in the sandbox
+        assert reach[path] == "FileNotFoundError", (path, reach[path])
+    assert reach["network"] != "CONNECTED" and reach["other jobs"] == []
+    assert sum(a for a, _, _ in _scores(root)["mal_reach"].values()) == 9   # its own answers
+    assert not graded_class["outcomes"]["mal_reach"].flagged
+
+
+def test_every_forgery_is_zeroed_and_flagged_with_its_reason(graded_class):
+    scores = _scores(graded_class["two"])
+    for learner, words in FORGED.items():
+        outcome = graded_class["outcomes"][learner]
+        assert outcome.graded and outcome.flagged, (learner, outcome.reason)
+        assert any(words.lower() in reason.lower() for reason in outcome.flagged), (
+            learner, outcome.flagged)
+        assert all(a == 0 and flag for a, _, flag in scores[learner].values()), learner
+    # what no scan can read is caught by the receipts alone (a scan's finding starts with `)
+    for learner in ("mal_hidden_shell", "mal_leak"):
+        assert not any(r.startswith("`") for r in graded_class["outcomes"][learner].flagged)
+    text = "\n".join(graded_class["lines"])
+    assert "mal_shell: FLAGGED for manual grading, 0 points" in text
+
+
+def test_every_limit_ends_its_job_with_the_reason(graded_class):
+    held = graded_class["summary_two"].limits_held
+    for learner, words in STOPPED.items():
+        outcome = graded_class["outcomes"][learner]
+        if (learner == "mal_memory" and "memory: cgroup" not in held) or (
+                learner == "mal_fork" and "processes: cgroup" not in held):
+            continue   # no cgroup on this machine: an rlimit makes it the cell's own error
+        assert not outcome.graded and words in outcome.reason, (learner, outcome.reason)
+        assert f"{learner}: NOT GRADED: stopped: " in "\n".join(graded_class["lines"])
+        assert not (graded_class["two"] / "autograded" / learner).exists()
+    report = class_report.class_report(NAME, graded_class["two"])
+    assert "output limit" in report.not_graded["mal_flood"]
+
+
+def test_nothing_is_left_running_or_in_the_temp_folder(graded_class):
+    assert graded_class["left_two"] == [] and graded_class["left_one"] == []
+    assert graded_class["tmp_left"] == []
+
+
+def test_feedback_is_html_only_and_holds_no_hidden_test(graded_class):
+    root = graded_class["two"]
+    hidden = nbgrader_plugin.hidden_lines(source_notebook(NAME))
+    assert len(hidden) > 10
+    pages = [p for p in (root / "feedback").rglob("*") if p.is_file()]
+    assert {p.suffix for p in pages} == {".html"}
+    assert {p.parent.parent.name for p in pages} == (
+        graded_class["everyone"] - NOT_GRADED - set(STOPPED))
+    for page in pages:
+        text = html.unescape(re.sub(r"<[^>]+>", "", page.read_text()))
+        leaked = [line for line in hidden if line in text]
+        assert not leaked, f"{page}: {leaked[:3]}"
+
+
+def test_the_report_lists_the_flagged_with_their_reasons(graded_class):
+    report = class_report.class_report(NAME, graded_class["two"])
+    assert set(report.flagged) == set(FORGED)
+    text = class_report.text_report(report, names=True)
+    assert "flagged for manual grading, a forgery suspected" in text and "mal_snapshot" in text
+    assert "mal_snapshot" not in class_report.text_report(report)   # anonymous by default
+
+
+def test_the_victims_submission_is_untouched(graded_class):
+    root = graded_class["two"]
+    assert graded_class["before"][f"submitted/{VICTIM}/{NAME}"] == tree_hash(
+        root / "submitted" / VICTIM / NAME)
+    assert sum(a for a, _, _ in _scores(root)[VICTIM].values()) == 9
+
+
+def test_grading_refuses_to_run_unsandboxed_unless_told(tmp_path, monkeypatch, capsys):
+    root = tmp_path / "c"
+    root.mkdir()
+    shutil.copy(ROOT / "nbgrader_config.py", root)
+    shutil.copytree(ROOT / "solutions" / NAME, root / "solutions" / NAME)
+    folder = root / "submitted" / "ok_l21" / NAME
+    folder.mkdir(parents=True)
+    nbformat.write(source_notebook(NAME), folder / f"{NAME}.ipynb")
+    monkeypatch.setattr(sandbox, "problem", lambda: "bubblewrap is not installed")
+    with pytest.raises(grading.SandboxUnavailable, match="--no-sandbox"):
+        grading.grade_class(NAME, root=root)
+    assert cli.main(["grade", NAME, "--root", str(root)]) == 2
+    assert "bubblewrap is not installed" in capsys.readouterr().err
+
+    def fake(name, student, folder, *, settings, live=None):
+        assert settings.sandbox is False
+        return grading_job.Outcome(student, "", graded=False, reason="not run")
+
+    monkeypatch.setattr(grading, "grade_one", fake)
+    lines: list[str] = []
+    grading.grade_class(NAME, root=root, sandboxed=False, say=lines.append)
+    assert lines[1].startswith("WARNING: grading WITHOUT the sandbox")
+    assert "graded WITHOUT the sandbox" in lines[-1]

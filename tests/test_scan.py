@@ -1,0 +1,124 @@
+"""The scan of a submission's own cells (scan.py): it finds every write into the grader and
+every escape hatch, in the house's words, and leaves ordinary code alone, the solutions of
+every notebook included."""
+
+from __future__ import annotations
+
+import nbformat
+import pytest
+
+from dpmp_lab import course, scan
+from dpmp_lab.nbgrader_plugin import mark_forged, split_cells
+
+from .conftest import ROOT
+from .test_course import _with_replacements, source_notebook, variants
+
+GIVEN = ["import torch\nimport torch.distributed as dist\nimport dpmp_lab as dl\n"
+         "from dpmp_lab.check import comm\nimport os, sys, inspect, gc\n"
+         "def reference(x):\n    return x\n"]
+
+
+@pytest.mark.parametrize("line", [
+    "dl.check.comm = lambda *a, **k: None",
+    "dist.all_reduce = print",
+    "setattr(dl.check, 'compare', print)",
+    "vars(dl.check)['close'] = print",
+    "dl.check.__dict__['close'] = print",
+    "vars(dl.check).update(comm=print)",
+    "dl.Trace.count = lambda self, *a: 0",
+    "del dl.check.comm",
+    "with dl.integrity.swapped(dl.check, 'comm', print): pass",
+    "c = dl.check\nc.comm = print",                          # through an alias
+    "c = dl.check\nd = c\nsetattr(d, 'compare', print)",      # an alias of an alias
+    "def f(c=dl.check):\n    c.comm = print",                # a default argument
+])
+def test_scan_finds_writes_into_the_grader(line):
+    found = scan.scan(["def f0():\n    return 1\n" + line], context=GIVEN)
+    assert any(f.endswith(f"({scan.WRITES})") for f in found), found
+
+
+@pytest.mark.parametrize("line, why", [
+    ('get_ipython().input_transformers_cleanup.append(lambda l: ["pass\\n"])', scan.SHELL),
+    ("shell.ast_transformers.append(object())", scan.SHELL),
+    ("print(In[-1])", scan.HISTORY),
+    ("expected = sys._getframe(1).f_locals['want']", scan.FRAMES),
+    ("frame = inspect.currentframe().f_back", scan.FRAMES),
+    ("caller = inspect.stack()[1]", scan.FRAMES),
+    ("sys.settrace(lambda *a: None)", scan.TRACING),
+    ("globals()['dl'] = None", scan.NAMESPACE),
+    ("exec('x = 1')", scan.DYNAMIC),
+    ("m = __import__('dpmp_lab')", scan.DYNAMIC),
+    ("import importlib", scan.DYNAMIC),
+    ("import builtins\nbuiltins.abs = lambda x: 0", scan.NAMESPACE),
+    ("sys.modules['dpmp_lab.integrity']._snapshot.clear()", scan.MODULES),
+    ("reference.__code__ = (lambda x: 0).__code__", scan.INTERNALS),
+    ("objs = gc.get_referrers(dl)", scan.INTERNALS),
+    ("import ctypes", scan.INTERNALS),
+    ("from IPython import get_ipython", scan.SHELL),
+    ("x = dl.integrity", scan.RECORDS),
+    ("f = getattr(sys, '_getframe')", scan.FRAMES),
+])
+def test_scan_finds_every_escape_hatch(line, why):
+    found = scan.scan([line], context=GIVEN)
+    assert any(why in f for f in found), found
+
+
+@pytest.mark.parametrize("line, name", [
+    ("dl = None", "dl"),
+    ("import numpy as dist", "dist"),
+    ("def reference(x):\n    return 0", "reference"),
+    ("for dl in range(2):\n    pass", "dl"),
+])
+def test_scan_finds_what_rebinds_the_notebooks_own_names(line, name):
+    found = scan.scan([line], context=GIVEN)
+    assert any(f"rebinds `{name}`" in f for f in found), found
+
+
+@pytest.mark.parametrize("line", [
+    "model.weight = torch.nn.Parameter(torch.ones(2))",
+    "torch.backends.cudnn.deterministic = True",
+    "x = dl.check.comm",
+    "grads = {}\ngrads['w'] = dist.get_rank()",
+    "p.grad /= dist.get_world_size()",
+    "model = dl.models.TinyMLP()\nmodel.fc = None",    # a call's result is the learner's own
+    "y = torch.stack([x, x])\nmodel.eval()\nc = torch.compile",
+    "import torch\nimport torch.distributed as dist",   # the same imports again
+    "from IPython.display import display",
+    "import gc\ngc.collect()",
+    "t = dl.trace()\nprint(t.events)",
+    "this is not python",
+])
+def test_scan_leaves_ordinary_code_alone(line):
+    assert scan.scan([line], context=GIVEN) == []
+
+
+def test_every_solution_and_every_right_alternative_scans_clean():
+    """No honest answer is flagged: the solutions, and every variant but the ones written to
+    switch the grader off (00's two, 02's one)."""
+    tampering = {"replaces dl.check.comm with a do-nothing function",
+                 "replaces dl.check.comm through the module's __dict__",
+                 "no all-reduce, and the checks replaced by do-nothing functions"}
+    for name in course.assignments(ROOT):
+        nb = source_notebook(name)
+        for label, replace in [("solution", {})] + [(v["name"], v["replace"])
+                                                    for v in variants(name)]:
+            mine, given, _ = split_cells(_with_replacements(nb, replace))
+            found = scan.scan([c.source for c in mine], context=[c.source for c in given])
+            assert bool(found) == (label in tampering), (name, label, found)
+
+
+def test_a_finding_zeroes_every_graded_cell_with_the_lines():
+    def cell(source, **meta):
+        c = nbformat.v4.new_code_cell(source)
+        c.metadata["nbgrader"] = {"grade_id": meta.get("id", "x"), **meta}
+        return c
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [cell(GIVEN[0], id="imports"),
+                cell("def f():\n    return 2\ndl.check.comm = print", id="f", solution=True),
+                cell("assert f() == 2", id="f_tests", grade=True, points=1)]
+    mine, given, _ = split_cells(nb)
+    found = scan.scan([c.source for c in mine], context=[c.source for c in given])
+    mark_forged(nb, found)
+    [error] = nb.cells[2].outputs
+    assert error["ename"] == "TamperingDetected" and "`dl.check.comm = print`" in error["evalue"]
+    assert nb.cells[1].outputs == []
