@@ -8,22 +8,25 @@ matter most:
   * a collective or a send that never completes ends in a timeout on every rank that waits:
     it is a hang, and the hint says which kind (`hang_hint`, `p2p_wait`);
   * a rank killed by a signal or stopped on a hang leaves a faulthandler dump, which is
-    turned into an ordinary traceback with the cell's source (`stack_from_dump`).
+    turned into an ordinary traceback with the cell's source (stacks.py).
+Besides those, what the notebook could not read (a result it cannot unpickle, a message over
+the launch's limit) and a process group that the function destroyed itself.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import linecache
 import os
 import re
 import signal
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dpmp_lab import worker
 from dpmp_lab._helpers import indent, ranks_text, tail
 from dpmp_lab.protocol import Vocabulary
+from dpmp_lab.render import human_bytes
+from dpmp_lab.stacks import stack_from_dump
 
 
 class Reason(Vocabulary):
@@ -34,6 +37,9 @@ class Reason(Vocabulary):
     EXIT = "exit"        # the process ended without a result (os._exit, or at start-up)
     TIMEOUT = "timeout"  # still running at the launch timeout, or a process-group timeout
     UNGUARDED = "unguarded launch"  # it re-imported a script that launches at its top level
+    UNPICKLABLE = "unpicklable result"  # the notebook could not unpickle what it returned
+    UNREADABLE = "unreadable message"  # the launcher could not (or would not) read a message
+    DESTROYED_GROUP = "destroyed its group"  # it returned, but fn destroyed the process group
 
 
 @dataclass
@@ -65,6 +71,11 @@ class RankFailure:
         elif self.reason == Reason.UNGUARDED:
             head = (f"rank {self.rank} stopped while importing the main script, which calls "
                     "dl.launch at its top level")
+        elif self.reason in (Reason.UNPICKLABLE, Reason.UNREADABLE):
+            head = self.message  # a sentence of its own, naming the rank (see `unpicklable`)
+        elif self.reason == Reason.DESTROYED_GROUP:
+            head = (f"rank {self.rank} returned after destroying its process group itself "
+                    "(dist.destroy_process_group())")
         else:
             head = f"rank {self.rank} did not finish: {self.message}"
             if self.traceback:
@@ -165,6 +176,30 @@ def still_running(rank: int, *, stack: str, output: str, timeout: float) -> Rank
                        traceback=stack, output_tail=tail(output))
 
 
+def unpicklable(rank: int, error: BaseException) -> RankFailure:
+    """A rank whose result the notebook could not unpickle: an instance of a class only the
+    rank can import, or an object whose unpickling raises."""
+    return RankFailure(rank, Reason.UNPICKLABLE, exc_type=type(error).__name__, message=(
+        f"rank {rank}'s result could not be unpickled in the notebook: "
+        f"{type(error).__name__}: {error}"))
+
+
+def unreadable(rank: int, error: BaseException) -> RankFailure:
+    """A rank that sent bytes the launcher could not read as a message."""
+    return RankFailure(rank, Reason.UNREADABLE, exc_type=type(error).__name__, message=(
+        f"rank {rank} sent a message the notebook could not read: "
+        f"{type(error).__name__}: {error}"))
+
+
+def oversized(rank: int, limit: int, margin: int) -> RankFailure:
+    """A rank that sent more than the launcher reads in one message, its own check bypassed."""
+    return RankFailure(rank, Reason.UNREADABLE, message=(
+        f"rank {rank} sent a message over {human_bytes(limit + margin)}, more than the launch "
+        f"reads (max_result_bytes={limit:,}, and {human_bytes(margin)} for the message around "
+        "a result), so the notebook did not read it. Return less, or raise the limit: "
+        "dl.launch(..., max_result_bytes=...)."))
+
+
 _TIMEOUT_RE = re.compile(r"timed out|timeout", re.IGNORECASE)
 _PEER_LOST_RE = re.compile(
     r"Connection closed by peer|Connection reset by peer|connectFullMesh failed|Broken pipe",
@@ -225,9 +260,26 @@ def hang_hint(failures: dict[int, RankFailure]) -> str:
     return HANG_HINT
 
 
+UNPICKLABLE_HINT = (
+    "a result is pickled in the rank and unpickled in the notebook, so an object of a class "
+    "the notebook cannot import (defined in a module only the ranks see), or one whose "
+    "unpickling raises, cannot come back. Return plain values, numbers or tensors, or define "
+    "the class in the notebook."
+)
+DESTROYED_GROUP_HINT = (
+    "the launcher destroys every rank's process group once all of them returned. A rank that "
+    "destroys its own earlier closes the connections its peers still wait on, so they fail "
+    "(gloo: \"Connection closed by peer\") or time out instead of finishing: remove "
+    "dist.destroy_process_group() from the function. If the peers then hang, that rank never "
+    "called the collective they wait in."
+)
+
+
 def hint_for(failures: dict[int, RankFailure]) -> str | None:
     """A hint for a launch that failed without hanging, read from its first cause."""
     first = next(iter(failures.values()))
+    if first.reason == Reason.UNPICKLABLE:
+        return UNPICKLABLE_HINT
     text = first.output_tail + first.message
     if "size doesn't match" in text or "Mismatch" in text:
         return "the ranks passed tensors of different shapes or dtypes to the same collective."
@@ -240,12 +292,16 @@ def hint_for(failures: dict[int, RankFailure]) -> str | None:
 
 
 def launch_error(failures: dict[int, RankFailure], *, output: list[str], finished: list[int],
-                 pg_timeout: float) -> LaunchError:
+                 pg_timeout: float, destroyed: Sequence[int] = ()) -> LaunchError:
     """The error for ranks that failed (in the order noticed): causes named, consequences
-    counted as stopped, and a hang behind process-group timeouts reported as a hang."""
+    counted as stopped, and a hang behind process-group timeouts reported as a hang.
+    `destroyed`: the ranks that returned with their process group destroyed by fn."""
     world_size = len(output)
     if any(f.reason == Reason.UNGUARDED for f in failures.values()):
         return unguarded_launch(failures, output=output)
+    destroyers = [r for r in destroyed if r not in failures]
+    if destroyers and all(lost_a_peer(f) or is_collective_timeout(f) for f in failures.values()):
+        return group_destroyed(destroyers, failures, output=output, finished=finished)
     # A rank that crashes takes its connections with it: its peers then fail with
     # "connection closed". Those are consequences; report the cause.
     causes = {k: f for k, f in failures.items() if not lost_a_peer(f)} or dict(failures)
@@ -266,6 +322,25 @@ def _waited(failure: RankFailure, pg_timeout: float) -> RankFailure:
         message = (f"waited {pg_timeout:g} s in a collective that not every rank joined "
                    "(process-group timeout)")
     return dataclasses.replace(failure, reason=Reason.TIMEOUT, message=message)
+
+
+def group_destroyed(destroyers: Sequence[int], waiting: dict[int, RankFailure], *,
+                    output: list[str], finished: list[int]) -> LaunchError:
+    """The error for ranks that lost their peers (or timed out) because fn destroyed the
+    process group in other ranks: those ranks are the cause, and say what they did."""
+    waiting = dict(sorted(waiting.items()))
+    causes = {r: RankFailure(r, Reason.DESTROYED_GROUP) for r in sorted(destroyers)} | waiting
+    returned = [r for r in finished if r not in causes]
+    groups = "its process group" if len(destroyers) == 1 else "their process groups"
+    where = ("a send or recv" if all(p2p_wait(f.traceback) for f in waiting.values())
+             else "a collective")
+    summary = (f"{ranks_text(sorted(destroyers))} destroyed {groups} "
+               f"(dist.destroy_process_group() in your function) while {ranks_text(waiting)} "
+               f"still waited in {where}: leave the group to the launcher")
+    return LaunchError(causes, output=output, finished=returned,
+                       stopped=[r for r in range(len(output)) if r not in causes
+                                and r not in returned],
+                       world_size=len(output), summary=summary, hint=DESTROYED_GROUP_HINT)
 
 
 def launch_timeout(stuck: dict[int, RankFailure], *, output: list[str],
@@ -291,49 +366,7 @@ def unguarded_launch(failures: dict[int, RankFailure], *, output: list[str]) -> 
                            world_size=len(output), summary=summary)
 
 
-# -- faulthandler dumps ------------------------------------------------------------------------
-
-_DUMP_FRAME = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+) in (?P<name>.*)$')
-_DUMP_THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-fA-F]+)")
-
-
-def stack_from_dump(dump: str, main_thread: int | None) -> str:
-    """Turn faulthandler's dump of a stuck rank into a traceback of its main thread.
-
-    faulthandler writes "most recent call first" without source lines; a learner reads
-    tracebacks the other way round, with the code shown, so reverse it and add the source
-    (notebook cells included: the kernel's linecache has them).
-    """
-    blocks: dict[int | None, list[str]] = {}
-    current: int | None = None
-    for line in dump.splitlines():
-        head = _DUMP_THREAD.match(line)
-        if head:
-            current = int(head.group(1), 16)
-            blocks[current] = []
-        elif _DUMP_FRAME.match(line):
-            blocks.setdefault(current, []).append(line)
-    frames = list(reversed(blocks.get(main_thread) or next(iter(blocks.values()), [])))
-    parsed = [_DUMP_FRAME.match(line) for line in frames]
-    # Everything up to the launcher's own frames is process start-up: show what came after.
-    starts = [i for i, m in enumerate(parsed) if m.group("file") == worker.__file__]
-    parsed = parsed[starts[-1] + 1:] if starts else parsed
-    out = ["Traceback (most recent call last):"] if parsed else []
-    for m in parsed:
-        path, lineno, name = m.group("file"), int(m.group("line")), m.group("name")
-        if path.endswith(worker.PLUMBING) or os.sep + "multiprocessing" + os.sep in path:
-            continue
-        out.append(f'  File "{path}", line {lineno}, in {name}')
-        source = linecache.getline(path, lineno).strip()
-        if source:
-            out.append(f"    {source}")
-    return "\n".join(out) if len(out) > 1 else ""
-
-
-def dump_complete(dump: str, main_thread: int | None) -> bool:
-    """Whether a hung rank's dump has arrived whole: it ends with the launcher's frames, and
-    shows where the rank waited."""
-    return worker.__file__ in dump and bool(stack_from_dump(dump, main_thread))
+# -- where a rank stood ------------------------------------------------------------------------
 
 
 def where_stuck(dump: str, main_thread: int | None, failure: RankFailure | None) -> str:

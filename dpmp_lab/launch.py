@@ -40,6 +40,7 @@ from dpmp_lab.failures import (
     RankFailure,
     UnguardedLaunch,
 )
+from dpmp_lab.protocol import MAX_RESULT_BYTES
 from dpmp_lab.ranks import Launch, Request
 from dpmp_lab.starting import PRELOAD, START_METHODS, WARM_ENV, importing_main, warm_up
 
@@ -119,6 +120,7 @@ def launch(
     stream: bool = True,
     progress: bool | None = None,
     device_audit: bool | None = None,
+    max_result_bytes: int = MAX_RESULT_BYTES,
     **kwargs: Any,
 ) -> LaunchResult:
     """Run `fn(*args, **kwargs)` on `world_size` ranks, each in its own process with the default
@@ -140,6 +142,8 @@ def launch(
     device_audit: run on the CPU as if each rank had a GPU, and fail where the code would put
                   data on the wrong device there (see dpmp_lab/audit.py). Default: on when the
                   environment has DPMP_LAB_DEVICE_AUDIT=1.
+    max_result_bytes: the most one rank may return, pickled (default 256 MiB): past it the rank
+                  fails with its result's size, and the notebook never reads it.
     """
     if importing_main():
         # This process is a rank being started, and multiprocessing is importing the main
@@ -151,7 +155,7 @@ def launch(
     if integrity.grading():   # a hidden test is about to launch: is the grader intact?
         integrity.verify()
     request = _check_request(fn, world_size, backend, timeout, start_method, env, threads,
-                             pg_timeout, device_audit)
+                             pg_timeout, device_audit, max_result_bytes)
     payload = _pickle_payload(fn, args, kwargs)
     outcome = "failed"
     try:
@@ -227,7 +231,7 @@ def usable_cores() -> int:
 
 
 def _check_request(fn, world_size, backend, timeout, start_method, env, threads,
-                   pg_timeout, device_audit=None) -> Request:
+                   pg_timeout, device_audit=None, max_result_bytes=MAX_RESULT_BYTES) -> Request:
     if not callable(fn):
         raise TypeError(f"launch() needs a function to run on every rank, got {type(fn).__name__}")
     whole_number("world_size", world_size)
@@ -241,6 +245,7 @@ def _check_request(fn, world_size, backend, timeout, start_method, env, threads,
     positive_seconds("pg_timeout", pg_timeout)
     if threads is not None:
         whole_number("threads", threads)
+    whole_number("max_result_bytes", max_result_bytes)
     env = dict(env or {})
     for key, value in env.items():
         if not isinstance(key, str) or not isinstance(value, str):
@@ -269,6 +274,7 @@ def _check_request(fn, world_size, backend, timeout, start_method, env, threads,
         start_method=start_method,
         env=env,
         threads=threads or max(1, usable_cores() // world_size),
+        max_result_bytes=max_result_bytes,
     )
 
 

@@ -1,5 +1,5 @@
 """The launcher's vocabulary: the states a rank goes through, how a launch ends, the pipes
-between a rank and the launcher, and the messages a rank sends on one of them.
+between a rank and the launcher, the messages a rank sends on one of them, and their size.
 
 Messages are frozen dataclasses built and read by field name (`match` with keyword patterns),
 so a field added to one never shifts the others, as it did when they were tuples read by index.
@@ -9,7 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+
+MAX_RESULT_BYTES = 256 << 20  # dl.launch's default max_result_bytes: a result, pickled
+# What the launcher reads beyond max_result_bytes in one message: the message around a
+# result, or a long traceback. Past that it reads nothing, whatever a rank sends.
+MESSAGE_MARGIN = 1 << 20
 
 
 class Vocabulary(str, Enum):
@@ -62,10 +66,14 @@ class Started:
 
 @dataclass(frozen=True, kw_only=True)
 class Returned:
-    """fn returned; `trace` is the rank's dl.Trace when the launch traces, else None."""
+    """fn returned. Its value and its trace (the rank's dl.Trace when the launch traces, else
+    None) travel pickled on their own (serialize.dumps), so the rank can weigh them before
+    sending and the launcher can tell a value the notebook cannot unpickle from a message it
+    cannot read."""
 
-    value: Any
-    trace: Any
+    value: bytes
+    trace: bytes
+    destroyed_group: bool = False  # fn called dist.destroy_process_group() itself
 
 
 @dataclass(frozen=True, kw_only=True)

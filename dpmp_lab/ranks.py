@@ -5,8 +5,8 @@ carries: protocol.Pipe). One selector waits on all of them and on every process'
 until every rank returned, one failed, or the launch's time ran out. Then the launch winds
 down: on success the ranks are released and exit on their own; on a failure the others get
 a moment to report their own; on a hang the stuck ranks are asked where they are. Whatever
-still runs is killed, its last output collected, and every pipe closed, whatever happened
-(Ctrl-C included).
+still runs is killed with every process it started (processes.py), its last output
+collected, and every pipe closed, whatever happened (Ctrl-C included).
 """
 
 from __future__ import annotations
@@ -26,14 +26,16 @@ from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from dpmp_lab import failures, serialize, worker
-from dpmp_lab.failures import LaunchError, RankFailure, Reason
+from dpmp_lab import failures, processes, stacks, worker
+from dpmp_lab.failures import LaunchError, RankFailure
 from dpmp_lab.lines import LineSplitter, labelled
 from dpmp_lab.progress import Progress
-from dpmp_lab.protocol import Outcome, Pipe, Raised, RankState, Returned, Started
+from dpmp_lab.protocol import Outcome, Pipe, RankState, Started
+from dpmp_lab.receiving import Result, receive
 from dpmp_lab.starting import starting
 
 STOP_GRACE_S = 0.2  # after a first failure: time for the other ranks to report their own
+CAUSE_GRACE_S = 1.0  # the same when every failure so far is a lost peer: time for the cause
 DRAIN_S = 2.0  # after stopping: time to collect the last output of killed ranks
 EXIT_WAIT_S = 5.0  # after every rank returned: time for the ranks to tear down and exit
 DUMP_WAIT_S = 2.0  # on a hang: time for faulthandler to write the stuck ranks' stacks
@@ -50,6 +52,7 @@ class Request:
     start_method: str
     env: dict[str, str]
     threads: int
+    max_result_bytes: int  # the most a rank may send back, pickled (it checks; so does receive)
     device_audit: bool = False
 
 
@@ -68,6 +71,7 @@ class Rank:
     value: Any = None
     trace: Any = None
     main_thread: int | None = None
+    destroyed_group: bool = False  # it returned, with its process group destroyed by fn
     exited: bool = False
     chunks: list[str] = field(default_factory=list)  # stdout and stderr, as they arrived
     dumps: list[str] = field(default_factory=list)
@@ -139,6 +143,7 @@ class Launch:
             source_lines=notebook_sources(),
             trace=self.trace,
             device_audit=self.req.device_audit,
+            max_result_bytes=self.req.max_result_bytes,
         )
         with starting(self.req.start_method) as ctx:
             for r in range(self.req.world_size):
@@ -197,7 +202,11 @@ class Launch:
                     self._release(r)
                 self._pump_until(lambda: all(r.exited for r in self.ranks), EXIT_WAIT_S)
             case Outcome.FAILED:
-                self._pump_until(lambda: all(r.finished for r in self.ranks), STOP_GRACE_S)
+                # A rank that lost its peers reports a consequence: wait a little longer for
+                # the cause (a crash, a group destroyed by fn) to report itself.
+                lost = all(failures.lost_a_peer(f) for f in self.failures.values())
+                self._pump_until(lambda: all(r.finished for r in self.ranks),
+                                 CAUSE_GRACE_S if lost else STOP_GRACE_S)
             case Outcome.TIMED_OUT:
                 self.stuck = [r for r in self.ranks if not r.finished]
                 for r in self.stuck:
@@ -260,28 +269,24 @@ class Launch:
             sys.stderr.flush()
 
     def _read_message(self, rank: Rank, conn: Connection) -> None:
-        try:
-            data = conn.recv_bytes()
-        except (EOFError, OSError):
-            self._unregister(conn)
-            return
-        match serialize.loads(data):
+        match receive(conn, rank.rank, self.req.max_result_bytes):
+            case None:
+                self._unregister(conn)
             case Started(main_thread=thread):
                 rank.state = RankState.RUNNING
                 rank.main_thread = thread
-            case Returned(value=value, trace=trace):
+            case Result(value=value, trace=trace, destroyed_group=destroyed):
                 rank.state = RankState.RETURNED
-                rank.value, rank.trace = value, trace
-            case Raised(exc_type=exc_type, message=message, traceback=tb, exitcode=exitcode):
+                rank.value, rank.trace, rank.destroyed_group = value, trace, destroyed
+            case RankFailure() as failure:
+                self._unregister(conn)
                 rank.state = RankState.FAILED
-                self.failures.setdefault(rank.rank, RankFailure(
-                    rank.rank, Reason.EXCEPTION, exc_type=exc_type, message=message,
-                    traceback=tb, exitcode=exitcode))
+                self.failures.setdefault(rank.rank, failure)
 
     def _on_exit(self, rank: Rank) -> None:
         rank.exited = True
         # A result may still sit in the pipe: read it before deciding the rank died.
-        while rank.msg in self.sel.get_map() and rank.msg.poll(0):
+        while not rank.msg.closed and rank.msg in self.sel.get_map() and rank.msg.poll(0):
             self._read_message(rank, rank.msg)
         if rank.finished:
             return
@@ -304,23 +309,22 @@ class Launch:
         self.stopping = True
         for r in self.ranks:
             if r.proc.pid is not None and r.proc.exitcode is None:
-                signal_rank(r.proc, signal.SIGKILL)
+                processes.kill_tree(r.proc.pid)  # and all it started: it is their subreaper
 
     def _open_streams(self) -> bool:
         return any(key.data[1] in (Pipe.OUT, Pipe.ERR) for key in self.sel.get_map().values())
 
     def _unregister(self, fileobj: Any) -> None:
-        try:
-            self.sel.unregister(fileobj)
-        except (KeyError, ValueError):
-            pass
+        # by fd: a Connection that refused a message over its limit has closed itself
+        for key in [k for k in self.sel.get_map().values() if k.fileobj is fileobj]:
+            self.sel.unregister(key.fd)
 
     def _close(self) -> None:
         for r in self.ranks:
             if r.proc.pid is not None:
                 r.proc.join(timeout=5.0)
                 if r.proc.exitcode is None:  # never seen: SIGKILL cannot be ignored
-                    signal_rank(r.proc, signal.SIGKILL)
+                    processes.kill_tree(r.proc.pid)
                     r.proc.join(timeout=5.0)
             for conn in (r.out, r.err, r.msg, r.dump, r.release):
                 self._unregister(conn)
@@ -341,13 +345,14 @@ class Launch:
                                                     output=r.output, timeout=self.req.timeout)
                      for r in self.stuck}
             return failures.launch_timeout(stuck, output=output, finished=finished)
-        return failures.launch_error(self.failures, output=output, finished=finished,
-                                     pg_timeout=self.req.pg_timeout)
+        return failures.launch_error(
+            self.failures, output=output, finished=finished, pg_timeout=self.req.pg_timeout,
+            destroyed=[r.rank for r in self.ranks if r.destroyed_group])
 
     def _knows_where(self, rank: Rank) -> bool:
         # A rank caught inside the launcher's own code was just reporting an error (its
         # process-group timeout fired at the same moment): wait for that report instead.
-        return rank.rank in self.failures or failures.dump_complete("".join(rank.dumps),
+        return rank.rank in self.failures or stacks.dump_complete("".join(rank.dumps),
                                                                     rank.main_thread)
 
     def _where_stuck(self, rank: Rank) -> str:

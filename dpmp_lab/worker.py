@@ -10,7 +10,11 @@ talks to the launcher through plain pipes (protocol.Pipe):
 
 The last one matters: a rank that returns early must not destroy its process group while a
 peer still waits in a collective, or the peer sees "connection closed" instead of the real
-problem (a collective that only some ranks called).
+problem (a collective that only some ranks called). A function that destroys the group
+itself is told so (Returned.destroyed_group).
+
+Nothing a rank starts outlives it: the rank is the subreaper of its descendants (they stay
+below it even when they leave its session) and kills them as it ends (processes.py).
 
 Inside a rank, `rank()`, `world_size()` and `device()` tell the function where it runs.
 """
@@ -36,9 +40,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dpmp_lab import audit, integrity, serialize, trace
+from dpmp_lab import audit, integrity, processes, serialize, trace
 from dpmp_lab._helpers import group_ready
-from dpmp_lab.protocol import Message, Raised, Returned, Started
+from dpmp_lab.protocol import MAX_RESULT_BYTES, Message, Raised, Returned, Started
+from dpmp_lab.render import human_bytes
+
+REAP_S = 1.0  # at the end of a rank: time for the processes it killed to end
 
 
 @dataclass
@@ -58,6 +65,7 @@ class RankSpec:
     source_lines: dict[str, tuple] = field(default_factory=dict)  # notebook cells, for tracebacks
     trace: bool = False
     device_audit: bool = False  # see audit.py: cpu:0 stands in for the GPU, misplaced data fails
+    max_result_bytes: int = MAX_RESULT_BYTES
 
 
 @dataclass(frozen=True)
@@ -127,6 +135,7 @@ def nccl_backend() -> str:
 def rank_main(spec: RankSpec, out_w: Connection, err_w: Connection, msg_w: Connection,
               dump_w: Connection, release_r: Connection) -> None:
     """Entry point of a rank process (the target of multiprocessing.Process)."""
+    processes.become_subreaper()
     _own_process_group()
     _die_with_parent()
     _redirect_output(out_w.fileno(), err_w.fileno())
@@ -136,16 +145,24 @@ def rank_main(spec: RankSpec, out_w: Connection, err_w: Connection, msg_w: Conne
     faulthandler.register(signal.SIGUSR1, file=dump_w, all_threads=True)
     _apply_caller_state(spec)
     _send(msg_w, Started(pid=os.getpid(), main_thread=threading.get_ident()))
+    try:
+        _run(spec, msg_w, release_r)
+    finally:  # its report is sent: what the function started ends with the rank
+        processes.kill_tree(os.getpid(), include_self=False)
+        processes.reap_children(REAP_S)
 
+
+def _run(spec: RankSpec, msg_w: Connection, release_r: Connection) -> None:
     global _context
     try:
         with audit.auditing() if spec.device_audit else contextlib.nullcontext():
             fn, args, kwargs = _load_payload(spec)
             _context = _init_process_group(spec)
             value, trace = _call_user(fn, args, kwargs, spec.trace)
+            destroyed = not dist.is_initialized()  # fn called dist.destroy_process_group()
         if integrity.grading():   # the rank's code may not have changed what grades it
             integrity.verify()
-        _send_result(msg_w, value, trace)
+        _send_result(msg_w, value, trace, limit=spec.max_result_bytes, destroyed_group=destroyed)
     except BaseException as exc:
         _flush_all()
         _send(msg_w, _describe(exc))
@@ -288,16 +305,30 @@ def _send(conn, message: Message) -> None:
     conn.send_bytes(serialize.dumps(message))
 
 
-def _send_result(conn, value, trace) -> None:
+def _send_result(conn, value, trace, *, limit: int, destroyed_group: bool) -> None:
     try:
-        data = serialize.dumps(Returned(value=value, trace=trace))
+        pickled = serialize.dumps(value)
     except Exception as exc:
         raise TypeError(
             f"the function returned a {type(value).__name__} that cannot be sent back to the "
             f"notebook ({type(exc).__name__}: {exc}). Return plain Python values, numbers or "
             "tensors (for a DTensor, return .full_tensor() or .to_local())."
         ) from exc
-    conn.send_bytes(data)
+    pickled_trace = serialize.dumps(trace)
+    check_result_size(len(pickled) + len(pickled_trace), limit)
+    _send(conn, Returned(value=pickled, trace=pickled_trace, destroyed_group=destroyed_group))
+
+
+def check_result_size(size: int, limit: int) -> None:
+    """Refuse a result over the launch's max_result_bytes here, where the error names the
+    rank, instead of making the notebook read it."""
+    if size > limit:
+        raise ValueError(
+            f"the function's result is {human_bytes(size)} pickled ({size:,} bytes), over the "
+            f"launch's limit of {human_bytes(limit)} (max_result_bytes={limit:,}). Return "
+            "less (a summary, a slice, a smaller dtype), or raise the limit: "
+            "dl.launch(..., max_result_bytes=...)."
+        )
 
 
 def _describe(exc: BaseException) -> Raised:

@@ -2,31 +2,40 @@
 
 from __future__ import annotations
 
+import contextlib
 import linecache
+import multiprocessing
 import signal
+import threading
 
 import pytest
 
-from dpmp_lab import worker
+from dpmp_lab import serialize, worker
 from dpmp_lab.failures import (
+    DESTROYED_GROUP_HINT,
     HANG_HINT,
     P2P_HANG_HINT,
     UNGUARDED_EXIT,
+    UNPICKLABLE_HINT,
     LaunchError,
     LaunchTimeout,
     RankFailure,
     Reason,
     UnguardedLaunch,
     death,
-    dump_complete,
     hang_hint,
     launch_error,
     launch_timeout,
+    oversized,
     p2p_wait,
-    stack_from_dump,
     still_running,
+    unpicklable,
+    unreadable,
     where_stuck,
 )
+from dpmp_lab.protocol import MESSAGE_MARGIN, Raised, Returned, Started
+from dpmp_lab.receiving import Result, receive
+from dpmp_lab.stacks import dump_complete, stack_from_dump
 
 CELL = "/tmp/ipykernel_0/cell-3.py"
 C10D = "/site-packages/torch/distributed/distributed_c10d.py"
@@ -202,3 +211,135 @@ def test_the_report_is_what_ipython_shows():
     err = launch_error({0: exception(0, "ValueError", "bad", "  File x")}, output=["", ""],
                        finished=[1], pg_timeout=30)
     assert err._render_traceback_() == ["LaunchError: " + err.report()]
+
+
+# -- what the notebook could not read -------------------------------------------------------------
+
+
+def test_a_result_that_cannot_be_unpickled_is_one_sentence_naming_the_rank():
+    f = unpicklable(1, ModuleNotFoundError("No module named 'rank_only'"))
+    assert f.reason == Reason.UNPICKLABLE and f.exc_type == "ModuleNotFoundError"
+    assert f.describe() == ("rank 1's result could not be unpickled in the notebook: "
+                            "ModuleNotFoundError: No module named 'rank_only'")
+    err = launch_error({1: f}, output=["", ""], finished=[0], pg_timeout=30)
+    assert str(err).startswith("rank 1 of 2 failed\nrank 1's result could not be unpickled")
+    assert err.hint == UNPICKLABLE_HINT and "rank 0 had returned." in str(err)
+
+
+def test_unreadable_and_oversized_messages_name_the_rank_and_the_limit():
+    f = unreadable(0, ValueError("bad bytes"))
+    assert f.describe() == "rank 0 sent a message the notebook could not read: ValueError: bad bytes"
+    big = oversized(3, 256 << 20, 1 << 20)
+    assert big.reason == Reason.UNREADABLE
+    assert big.describe().startswith(
+        "rank 3 sent a message over 257.0 MiB, more than the launch reads "
+        "(max_result_bytes=268,435,456, and 1.0 MiB for the message around a result)")
+    assert "dl.launch(..., max_result_bytes=...)" in big.describe()
+
+
+def test_the_size_check_in_a_rank_names_size_limit_and_how_to_raise_it():
+    worker.check_result_size(1000, 1000)   # at the limit is fine
+    with pytest.raises(ValueError) as info:
+        worker.check_result_size(3 << 20, 1 << 20)
+    assert str(info.value).startswith(
+        "the function's result is 3.0 MiB pickled (3,145,728 bytes), over the launch's limit of "
+        "1.0 MiB (max_result_bytes=1,048,576)")
+    assert "dl.launch(..., max_result_bytes=...)" in str(info.value)
+
+
+def sent(message_bytes: bytes, limit: int = 1000):
+    """What receive makes of these bytes, sent on a pipe as a rank sends its messages."""
+    reader, writer = multiprocessing.Pipe(duplex=False)
+    with reader, writer:
+        writer.send_bytes(message_bytes)
+        return receive(reader, 2, limit)
+
+
+class Refuses:
+    def __reduce__(self):
+        return _refuse, ()
+
+
+def _refuse():
+    raise RuntimeError("not here")
+
+
+def test_receive_unpickles_results_on_their_own():
+    started = Started(pid=1, main_thread=2)
+    assert sent(serialize.dumps(started)) == started
+    returned = Returned(value=serialize.dumps([1.5]), trace=serialize.dumps(None),
+                        destroyed_group=True)
+    assert sent(serialize.dumps(returned)) == Result([1.5], None, True)
+    raised = sent(serialize.dumps(Raised(exc_type="KeyError", message="'a'", traceback="tb",
+                                         exitcode=None)))
+    assert (raised.rank, raised.reason, raised.exc_type, raised.traceback) == (
+        2, Reason.EXCEPTION, "KeyError", "tb")
+
+
+def test_receive_turns_what_it_cannot_read_into_a_failure_of_the_rank():
+    bad_value = Returned(value=serialize.dumps(Refuses()), trace=serialize.dumps(None))
+    f = sent(serialize.dumps(bad_value))
+    assert f.reason == Reason.UNPICKLABLE and "RuntimeError: not here" in f.message
+    assert sent(b"garbage").reason == Reason.UNREADABLE
+    assert "a dict is no message" in sent(serialize.dumps({"not": "a message"})).message
+
+
+def test_receive_reads_no_message_past_its_limit_and_none_from_a_closed_pipe():
+    reader, writer = multiprocessing.Pipe(duplex=False)
+
+    def send_too_much():   # blocks until the reader gives up on it
+        with contextlib.suppress(OSError):
+            writer.send_bytes(bytes(MESSAGE_MARGIN + 11))
+
+    sender = threading.Thread(target=send_too_much)
+    sender.start()
+    f = receive(reader, 0, limit=10)
+    assert f.reason == Reason.UNREADABLE
+    assert f.describe().startswith("rank 0 sent a message over 1.0 MiB, more than the launch")
+    assert reader.closed   # multiprocessing read the length only, and closed the pipe
+    sender.join(timeout=5)
+    writer.close()
+    reader, writer = multiprocessing.Pipe(duplex=False)
+    writer.close()
+    with reader:
+        assert receive(reader, 0, limit=10) is None
+
+
+# -- a process group destroyed by the function ----------------------------------------------------
+
+
+def test_a_destroyed_group_is_the_cause_of_the_peers_lost_connection():
+    lost = exception(1, "RuntimeError", "Connection closed by peer [127.0.0.1]:4",
+                     f'  File "{CELL}", line 2, in step\n  File "{C10D}", line 9, in all_reduce')
+    err = launch_error({1: lost}, output=["", ""], finished=[0], pg_timeout=5, destroyed=[0])
+    assert type(err) is LaunchError and list(err.failures) == [0, 1]
+    assert err.finished == [] and err.stopped == [] and err.hint == DESTROYED_GROUP_HINT
+    text = str(err)
+    assert text.startswith(
+        "rank 0 destroyed its process group (dist.destroy_process_group() in your function) "
+        "while rank 1 still waited in a collective: leave the group to the launcher\n"
+        "rank 0 returned after destroying its process group itself")
+    assert "rank 1 raised RuntimeError: Connection closed by peer" in text
+
+
+def test_destroyed_groups_in_plural_and_in_a_recv():
+    in_recv = f'  File "{CELL}", line 2, in step\n  File "{C10D}", line 9, in recv'
+    waiting = {r: exception(r, "DistBackendError", "Connection reset by peer", in_recv)
+               for r in (3, 1)}
+    err = launch_error(waiting, output=[""] * 5, finished=[0, 2, 4], pg_timeout=5,
+                       destroyed=[2, 0])
+    assert list(err.failures) == [0, 2, 1, 3] and err.finished == [4]
+    assert err.summary == (
+        "ranks 0, 2 destroyed their process groups (dist.destroy_process_group() in your "
+        "function) while ranks 1, 3 still waited in a send or recv: leave the group to the "
+        "launcher")
+
+
+def test_a_destroyed_group_does_not_hide_a_real_cause():
+    crash = exception(1, "ValueError", "bad batch")
+    err = launch_error({1: crash}, output=["", ""], finished=[0], pg_timeout=5, destroyed=[0])
+    assert list(err.failures) == [1] and "destroy" not in str(err)
+    timeout = exception(1, "DistBackendError", "Timed out waiting 5000ms")
+    err = launch_error({1: timeout}, output=["", ""], finished=[0], pg_timeout=5,
+                       destroyed=[0])
+    assert not isinstance(err, LaunchTimeout) and "rank 0 destroyed" in str(err)

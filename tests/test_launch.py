@@ -10,12 +10,14 @@ import textwrap
 import threading
 import time
 import types
+from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 
 import dpmp_lab as dl
+from dpmp_lab import processes
 
 from .conftest import ROOT, open_fds, stray_processes
 
@@ -264,6 +266,218 @@ def test_unpicklable_return_value_is_explained():
         dl.launch(threading.Lock, world_size=2, stream=False)
 
 
+def rank_only_class(folder: str):
+    """Rank 1 returns an instance of a class from a module that only it can import."""
+    if dist.get_rank() == 0:
+        return "fine"
+    Path(folder).mkdir(exist_ok=True)
+    Path(folder, "rank_only_module.py").write_text("class Thing:\n    pass\n")
+    sys.path.insert(0, folder)
+    import rank_only_module
+
+    return rank_only_module.Thing()
+
+
+FRAGILE_CELL = """
+    import torch.distributed as dist
+
+    def refuse():
+        raise RuntimeError("this object cannot be rebuilt here")
+
+    class Fragile:
+        def __reduce__(self):
+            return refuse, ()
+
+    def fragile():
+        return Fragile() if dist.get_rank() == 1 else "fine"
+"""
+
+
+def test_a_result_the_notebook_cannot_unpickle_names_the_rank(tmp_path):
+    for fn, args, error in [
+        (rank_only_class, (str(tmp_path / "rank_only"),),
+         "ModuleNotFoundError: No module named 'rank_only_module'"),
+        (notebook_function(FRAGILE_CELL, "fragile"), (),
+         "RuntimeError: this object cannot be rebuilt here"),
+    ]:
+        with pytest.raises(dl.LaunchError) as info:
+            dl.launch(fn, *args, world_size=2, stream=False, timeout=20, pg_timeout=5)
+        err = info.value
+        assert list(err.failures) == [1] and err.finished == [0]
+        assert (f"rank 1's result could not be unpickled in the notebook: {error}"
+                in str(err)), str(err)
+        assert "define the class in the notebook" in err.hint
+
+
+def rank_message_pipe():
+    """What a rank's own code can reach: the launcher's message pipe, from rank_main's frame."""
+    frame = sys._getframe()
+    while "msg_w" not in frame.f_locals:
+        frame = frame.f_back
+    return frame.f_locals["msg_w"]
+
+
+def test_a_message_that_is_no_message_names_the_rank():
+    def garble():
+        if dist.get_rank() == 1:
+            rank_message_pipe().send_bytes(b"not a pickle")
+        return dist.get_rank()
+
+    with pytest.raises(dl.LaunchError) as info:
+        dl.launch(garble, world_size=2, stream=False, timeout=20, pg_timeout=5)
+    assert list(info.value.failures) == [1]
+    assert "rank 1 sent a message the notebook could not read: UnpicklingError" \
+        in str(info.value)
+
+
+def test_a_result_over_max_result_bytes_is_refused_in_the_rank():
+    def big():
+        return torch.zeros(1000) if dist.get_rank() == 1 else None   # 4 KB and more, pickled
+
+    with pytest.raises(dl.LaunchError) as info:
+        dl.launch(big, world_size=2, max_result_bytes=1000, stream=False, timeout=20,
+                  pg_timeout=5)
+    err = info.value
+    assert list(err.failures) == [1] and err.finished == [0]
+    text = str(err)
+    assert "rank 1 raised ValueError: the function's result is 4." in text
+    assert "over the launch's limit of 1000 B (max_result_bytes=1,000)" in text
+    assert "dl.launch(..., max_result_bytes=...)" in text
+
+
+def test_the_notebook_reads_no_message_over_the_limit():
+    def bypass():   # a rank that skips its own check and sends 2 MiB straight to the launcher
+        if dist.get_rank() == 1:
+            rank_message_pipe().send_bytes(bytes(2 << 20))
+        return dist.get_rank()
+
+    t0 = time.monotonic()
+    with pytest.raises(dl.LaunchError) as info:
+        dl.launch(bypass, world_size=2, max_result_bytes=1000, stream=False, timeout=20,
+                  pg_timeout=5)
+    assert time.monotonic() - t0 < 10
+    assert list(info.value.failures) == [1]
+    assert ("rank 1 sent a message over 1.0 MiB, more than the launch reads "
+            "(max_result_bytes=1,000, and 1.0 MiB for the message around a result)"
+            in str(info.value))
+
+
+def test_a_rank_that_destroys_its_group_is_named_as_the_cause():
+    def leave_early():
+        if dist.get_rank() == 0:
+            dist.destroy_process_group()
+            return "left"
+        dist.all_reduce(torch.ones(2))
+        return "done"
+
+    with pytest.raises(dl.LaunchError) as info:
+        dl.launch(leave_early, world_size=2, stream=False, timeout=20, pg_timeout=5)
+    err = info.value
+    assert list(err.failures) == [0, 1] and err.finished == []
+    assert str(err).startswith(
+        "rank 0 destroyed its process group (dist.destroy_process_group() in your function) "
+        "while rank 1 still waited in a collective: leave the group to the launcher\n")
+    assert "all_reduce" in err.failures[1].traceback
+    assert "remove dist.destroy_process_group()" in err.hint
+
+
+# -- what a rank started ends with the launch --------------------------------------------------
+
+# A daemon the classic way: fork, setsid, fork again; the first child exits, so the daemon is
+# an orphan in a session of its own. Prints the daemon's pid once it runs.
+DAEMON = """
+import os
+r, w = os.pipe()
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.write(w, str(os.getpid()).encode())
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        os.execvp("sleep", ["sleep", "600"])
+    os._exit(0)
+os.close(w)
+print(os.read(r, 64).decode())
+"""
+
+
+def start_children(folder: str, ending: str) -> list[int]:
+    """Start a child, a child in a session of its own and a daemon; note their pids; then
+    return, raise (rank 1, while rank 0 is stopped by the launcher) or hang."""
+    plain = subprocess.Popen(["sleep", "600"])
+    session = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    daemon = subprocess.run([sys.executable, "-c", DAEMON], capture_output=True, text=True,
+                            check=True)
+    pids = [plain.pid, session.pid, int(daemon.stdout)]
+    Path(folder, f"rank{dist.get_rank()}").write_text(" ".join(map(str, pids)))
+    if ending == "raises":
+        if dist.get_rank() == 1:
+            raise ValueError("planned")
+        time.sleep(60)
+    if ending == "hangs":
+        time.sleep(60)
+    dist.barrier()
+    return pids
+
+
+def running(pid: int) -> bool:
+    """Whether pid is a process that has not ended (a zombie has)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def still_running(pids: list[int], grace: float = 2.0) -> list[int]:
+    deadline = time.monotonic() + grace
+    while any(running(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [p for p in pids if running(p)]
+
+
+@pytest.mark.parametrize("ending", ["returns", "raises", "hangs"])
+def test_what_a_rank_started_ends_with_the_launch(tmp_path, ending):
+    pids: list[int] = []
+    try:
+        if ending == "returns":
+            res = dl.launch(start_children, str(tmp_path), ending, world_size=2, stream=False,
+                            timeout=20, pg_timeout=5)
+            assert all(len(value) == 3 for value in res.values)
+        else:
+            with pytest.raises(dl.LaunchTimeout if ending == "hangs" else dl.LaunchError):
+                dl.launch(start_children, str(tmp_path), ending, world_size=2, stream=False,
+                          timeout=3 if ending == "hangs" else 20, pg_timeout=5)
+        pids = [int(p) for f in sorted(tmp_path.glob("rank*")) for p in f.read_text().split()]
+        assert len(pids) == 6
+        assert still_running(pids) == [], "processes a rank started outlived the launch"
+    finally:   # on a failure, leave no sleeper behind (only the ones this test started)
+        for pid in pids:
+            if running(pid) and Path(f"/proc/{pid}/cmdline").read_bytes() == b"sleep\x00600\x00":
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_kill_tree_ends_a_process_and_everything_below_it():
+    job = subprocess.Popen(["sh", "-c", "sleep 600 & setsid sleep 600 & wait"],
+                           start_new_session=True)
+    deadline = time.monotonic() + 5
+    while len(processes.descendants(job.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    below = processes.descendants(job.pid)
+    assert len(below) == 2
+    assert set(processes.kill_tree(job.pid)) == {job.pid, *below}
+    assert job.wait(timeout=5) == -signal.SIGKILL
+    assert still_running(below) == []
+    assert processes.descendants(job.pid) == []
+
+
+def test_without_proc_there_are_no_descendants_to_find(monkeypatch):
+    monkeypatch.setattr(processes, "PROC", "/no/such/proc")
+    assert processes.descendants(os.getpid()) == []
+    assert processes.kill_tree(os.getpid(), include_self=False) == []
+
+
 # -- a rank hangs -----------------------------------------------------------------------------
 
 
@@ -377,6 +591,9 @@ def test_hundred_launches_leave_nothing_behind():
     (dict(timeout=0), ValueError, "positive number"),
     (dict(threads=0), ValueError, "threads"),
     (dict(env={"A": 1}), TypeError, "env must map"),
+    (dict(max_result_bytes=0), ValueError, "max_result_bytes=0"),
+    (dict(max_result_bytes=1.5), TypeError, "max_result_bytes must be an int"),
+    (dict(max_result_bytes=None), TypeError, "max_result_bytes must be an int"),
 ])
 def test_bad_arguments(kwargs, error, text):
     with pytest.raises(error, match=text):

@@ -1,0 +1,57 @@
+"""faulthandler's dump of a rank's threads, read as the traceback a learner reads.
+
+A rank dumps every thread's stack when the launcher asks where it is stuck (SIGUSR1) and when
+a fatal signal kills it. faulthandler writes the most recent call first, without source lines
+and with the launcher's own frames; `stack_from_dump` turns that into an ordinary traceback of
+the main thread, with the cell's source. Pure: tested in tests/test_failures.py.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import re
+
+from dpmp_lab import worker
+
+_DUMP_FRAME = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+) in (?P<name>.*)$')
+_DUMP_THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-fA-F]+)")
+
+
+def stack_from_dump(dump: str, main_thread: int | None) -> str:
+    """Turn faulthandler's dump of a stuck rank into a traceback of its main thread.
+
+    faulthandler writes "most recent call first" without source lines; a learner reads
+    tracebacks the other way round, with the code shown, so reverse it and add the source
+    (notebook cells included: the kernel's linecache has them).
+    """
+    blocks: dict[int | None, list[str]] = {}
+    current: int | None = None
+    for line in dump.splitlines():
+        head = _DUMP_THREAD.match(line)
+        if head:
+            current = int(head.group(1), 16)
+            blocks[current] = []
+        elif _DUMP_FRAME.match(line):
+            blocks.setdefault(current, []).append(line)
+    frames = list(reversed(blocks.get(main_thread) or next(iter(blocks.values()), [])))
+    parsed = [_DUMP_FRAME.match(line) for line in frames]
+    # Everything up to the launcher's own frames is process start-up: show what came after.
+    starts = [i for i, m in enumerate(parsed) if m.group("file") == worker.__file__]
+    parsed = parsed[starts[-1] + 1:] if starts else parsed
+    out = ["Traceback (most recent call last):"] if parsed else []
+    for m in parsed:
+        path, lineno, name = m.group("file"), int(m.group("line")), m.group("name")
+        if path.endswith(worker.PLUMBING) or os.sep + "multiprocessing" + os.sep in path:
+            continue
+        out.append(f'  File "{path}", line {lineno}, in {name}')
+        source = linecache.getline(path, lineno).strip()
+        if source:
+            out.append(f"    {source}")
+    return "\n".join(out) if len(out) > 1 else ""
+
+
+def dump_complete(dump: str, main_thread: int | None) -> bool:
+    """Whether a hung rank's dump has arrived whole: it ends with the launcher's frames, and
+    shows where the rank waited."""
+    return worker.__file__ in dump and bool(stack_from_dump(dump, main_thread))
