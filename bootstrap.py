@@ -12,9 +12,10 @@ without an NVIDIA GPU, get the CPU build pinned in constraints.txt; the course o
 with an NVIDIA GPU gets PyPI's default (CUDA) build. Only the Python standard library is used
 here, so this runs on a fresh machine with nothing but python3.
 
-The browser test (tests/test_browser.py) needs a system Chromium. Only under CI (CI=true) and
-as root does `test` install Debian's chromium with apt-get when none is found; a learner's
-machine never gets an apt-get call (there the browser test skips and says why).
+The browser test (tests/test_browser.py) needs a system Chromium, and the grading tests need
+bubblewrap (the sandbox every submission is graded in). Only under CI (CI=true) and as root
+does `test` install Debian's chromium and bubblewrap with apt-get when they are missing; a
+learner's machine never gets an apt-get call (there those tests skip and say why).
 """
 
 from __future__ import annotations
@@ -115,17 +116,23 @@ def ensure_installed(purpose: str) -> Path:
     return python
 
 
-def ensure_ci_browser() -> None:
-    """CI only: install Debian's chromium for the browser test (CI=true, root, apt-get, none yet)."""
+def ensure_ci_packages() -> None:
+    """CI only (CI=true, root, apt-get): Debian's chromium for the browser test and bubblewrap
+    for the grading sandbox, when they are missing."""
     if os.environ.get("CI", "").lower() != "true" or os.name != "posix" or os.geteuid() != 0:
         return
-    if any(shutil.which(name) for name in BROWSERS) or not shutil.which("apt-get"):
+    if not shutil.which("apt-get"):
         return
-    say("CI: installing Debian's chromium for the browser test (apt-get install chromium)")
+    wanted = ([] if any(shutil.which(name) for name in BROWSERS) else ["chromium"]) + (
+        [] if shutil.which("bwrap") else ["bubblewrap"])
+    if not wanted:
+        return
+    say(f"CI: installing Debian's {' and '.join(wanted)} (the browser test, the grading "
+        "sandbox)")
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for cmd in (["apt-get", "update"], ["apt-get", "install", "-y", "chromium"]):
+    for cmd in (["apt-get", "update"], ["apt-get", "install", "-y", *wanted]):
         if subprocess.run(cmd, env=env).returncode:
-            sys.exit(f"[bootstrap] `{' '.join(cmd)}` failed: the browser test needs chromium")
+            sys.exit(f"[bootstrap] `{' '.join(cmd)}` failed: the tests need {', '.join(wanted)}")
 
 
 def run(cmd: list[str]) -> int:
@@ -145,7 +152,7 @@ def main(argv: list[str]) -> int:
             os.chdir(ROOT)
             os.execv(cmd[0], cmd)
         return run(cmd)
-    ensure_ci_browser()
+    ensure_ci_packages()
     say("ruff")
     code = run([str(python), "-m", "ruff", "check", "dpmp_lab", "tests", "benchmarks", "tools",
                 "bootstrap.py"])

@@ -1,11 +1,12 @@
-"""Grading a class in parallel: submissions per minute with --jobs 1 and --jobs 2, and what that
-projects to on a many-core server.
+"""Grading a class in parallel: submissions per minute with --jobs 1 and --jobs 2, what the
+sandbox costs per submission, and what that projects to on a many-core server.
 
     python benchmarks/grading.py [--assignment 00_launch] [--submissions 4] [--jobs 1 2]
 
 A scratch course gets `--submissions` copies of the assignment's solution; `grade_class` grades
-them once per --jobs value (the first, 1, is nbgrader's one-after-the-other baseline), each time
-from an empty gradebook, in the same run, so the ratio holds on this noisy machine where the
+them once per --jobs value in the sandbox (the first, 1, is nbgrader's one-after-the-other
+baseline), and once more with one job and without the sandbox (`--no-sandbox`), each time from
+an empty gradebook, in the same run, so the ratios hold on this noisy machine where the
 absolute numbers do not. The CPU time the grading processes used (getrusage of the children)
 over the submissions graded says how many cores one submission keeps busy, which is what a
 projection to N cores rests on.
@@ -32,9 +33,9 @@ def _children_cpu() -> float:
     return use.ru_utime + use.ru_stime
 
 
-def grade_copies(base: Path, name: str, copies: int, jobs: int) -> dict:
+def grade_copies(base: Path, name: str, copies: int, jobs: int, sandboxed: bool = True) -> dict:
     """Grade `copies` submissions of the solution with `jobs` jobs in a fresh course root."""
-    root = base / f"jobs{jobs}"
+    root = base / f"jobs{jobs}{'' if sandboxed else '-unsandboxed'}"
     root.mkdir()
     shutil.copy(ROOT / "nbgrader_config.py", root)
     shutil.copytree(ROOT / "solutions" / name, root / "solutions" / name)
@@ -44,12 +45,13 @@ def grade_copies(base: Path, name: str, copies: int, jobs: int) -> dict:
         shutil.copy(ROOT / "solutions" / name / f"{name}.ipynb", folder)
     grading.ensure_assignment(name, root)   # not part of grading: done once per course
     cpu, start = _children_cpu(), time.perf_counter()
-    summary = grading.grade_class(name, root=root, jobs=jobs, say=lambda _: None)
+    summary = grading.grade_class(name, root=root, jobs=jobs, sandboxed=sandboxed,
+                                  say=lambda _: None)
     wall = time.perf_counter() - start
     if summary.failed or len(summary.outcomes) != copies:
         raise RuntimeError(f"jobs={jobs}: not every copy was graded: "
                            f"{[(o.student, o.reason) for o in summary.failed]}")
-    return {"jobs": jobs, "submissions": copies, "wall_s": wall,
+    return {"jobs": jobs, "sandboxed": sandboxed, "submissions": copies, "wall_s": wall,
             "per_minute": copies / wall * 60, "cpu_s_per_submission":
             (_children_cpu() - cpu) / copies,
             "job_s_mean": sum(o.seconds for o in summary.outcomes) / copies}
@@ -67,6 +69,7 @@ def main() -> None:
     base = Path(tempfile.mkdtemp(prefix="dpmp-bench-grading-"))
     try:
         rows = [grade_copies(base, args.assignment, args.submissions, j) for j in args.jobs]
+        bare = grade_copies(base, args.assignment, args.submissions, 1, sandboxed=False)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     first = rows[0]
@@ -77,6 +80,12 @@ def main() -> None:
               f"(wall {row['wall_s']:.0f} s, {row['job_s_mean']:.0f} s per submission, "
               f"{row['cpu_s_per_submission']:.1f} CPU-s each), "
               f"{row['per_minute'] / first['per_minute']:.2f}x --jobs {first['jobs']}")
+    print(f"  --jobs 1 --no-sandbox: {bare['per_minute']:.2f} submissions/min "
+          f"({bare['job_s_mean']:.0f} s, {bare['cpu_s_per_submission']:.1f} CPU-s each); the "
+          f"sandbox costs {first['job_s_mean'] / bare['job_s_mean']:.2f}x the time and "
+          f"{first['cpu_s_per_submission'] / bare['cpu_s_per_submission']:.2f}x the CPU of "
+          "grading unsandboxed")
+    rows.append(bare)
     busy = first["cpu_s_per_submission"] / first["job_s_mean"]
     per_core_minute = 60 / first["cpu_s_per_submission"]
     print(f"one submission keeps {busy:.2f} cores busy on average ({first['job_s_mean']:.0f} s "

@@ -1,6 +1,7 @@
 """The `dpmp-lab` command: `doctor` checks this machine, `lab` opens the course in JupyterLab,
-`release` regenerates course/ from solutions/, `grade` autogrades submissions in parallel
-(nbgrader), `report` says what a class got wrong, `grades` writes every learner's totals."""
+`release` regenerates course/ from solutions/, `learner-copy` lays out a course for learners,
+`grade` autogrades submissions in parallel, each in a sandbox (nbgrader), `report` says what a
+class got wrong, `grades` writes every learner's totals."""
 
 from __future__ import annotations
 
@@ -121,6 +122,15 @@ def release(args: argparse.Namespace) -> int:
     return 0
 
 
+def learner_copy(args: argparse.Namespace) -> int:
+    """A copy of the course for learners: the release notebooks and the package, nothing of
+    the instructor's (no solutions/, tests/, gradebook or submissions)."""
+    copied = course.learner_copy(args.dest, root=args.root)
+    print(f"{args.dest}: {', '.join(copied)}; learners start it with "
+          "`python3 bootstrap.py course` there")
+    return 0
+
+
 # The instructor's commands import nbgrader (and the report matplotlib), which the learners'
 # install may lack: imported when such a command runs, so `doctor` and `lab` never need them.
 
@@ -209,6 +219,11 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("release", help="regenerate course/ from solutions/ (nbgrader)")
     p.add_argument("names", nargs="*", help="assignments (default: all)")
     p.set_defaults(func=release)
+    p = sub.add_parser("learner-copy", help="a copy of the course for learners (no "
+                       "solutions/, tests/ or gradebook)")
+    p.add_argument("dest", type=Path, help="a new folder")
+    _root_option(p)
+    p.set_defaults(func=learner_copy)
     p = sub.add_parser("grade", help="autograde submitted/*/ASSIGNMENT, write feedback/")
     p.add_argument("assignment")
     p.add_argument("-j", "--jobs", type=_jobs, default=None,
@@ -254,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     if extra and args.func is not lab:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.extra = extra
-    if args.func in (grade, report, grades):
+    if args.func in (grade, report, grades, learner_copy):
         try:   # bad input to the instructor's commands: one line, not a traceback
             return args.func(args)
         except ValueError as exc:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -74,6 +75,31 @@ def release(names: list[str] | None = None, *, root: Path | None = None,
         extra = ["--no-db", f"--CourseDirectory.release_directory={into}"] if into else []
         nbgrader("generate_assignment", name, "--force", *extra, root=root, capture=True)
     return names
+
+
+# What a learner's copy of the course holds: the release, the package and how to install and
+# start it. Never solutions/ (the hidden tests), tests/ (wrong answers and their fixes), the
+# gradebook, submissions or the instructor's nbgrader_config.py.
+LEARNER_FILES = ("course", "dpmp_lab", "bootstrap.py", "pyproject.toml", "constraints.txt",
+                 "environment.yml", "README.md")
+NOT_COPIED = shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints", "*.egg-info")
+
+
+def learner_copy(dest: Path, *, root: Path | None = None) -> list[str]:
+    """Lay out a course a learner can be given: what LEARNER_FILES names, from `root`, into
+    the new folder `dest` (`python3 bootstrap.py course` works there). The names copied."""
+    root = root or repo_root()
+    dest = Path(dest)
+    if dest.exists() and any(dest.iterdir()):
+        raise ValueError(f"{dest} is not empty: the learners' copy goes into a new folder")
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in LEARNER_FILES:
+        source = root / name
+        if source.is_dir():
+            shutil.copytree(source, dest / name, ignore=NOT_COPIED)
+        elif source.is_file():
+            shutil.copy2(source, dest / name)
+    return [name for name in LEARNER_FILES if (dest / name).exists()]
 
 
 def grade(name: str, *, root: Path | None = None) -> None:

@@ -256,6 +256,10 @@ def grade_class(name: str, *, root: Path | None = None, jobs: int | None = None,
         say(f"each submission in a sandbox of its own; limits: {limits.describe()} ({held})")
     else:
         say(UNSANDBOXED)
+    exposed = exposed_to_others(root)
+    if exposed:
+        say(f"note: other users of this machine can read {', '.join(exposed)}: an instructor "
+            "keeps them private (chmod 700 solutions; chmod 600 gradebook.db)")
     outcomes: list[Outcome] = []
     if not todo:
         return Summary(name, outcomes, skipped, time.monotonic() - started, run_id, sandboxed,
@@ -310,6 +314,16 @@ def grade_class(name: str, *, root: Path | None = None, jobs: int | None = None,
            f"{', '.join(flagged)}" if flagged else "")
         + ("" if sandboxed else "; graded WITHOUT the sandbox"))
     return summary
+
+
+def exposed_to_others(root: Path) -> list[str]:
+    """The instructor's private parts of a course root that other users may read."""
+    found = []
+    for name in ("solutions", "gradebook.db"):
+        path = root / name
+        if path.exists() and path.stat().st_mode & 0o077:
+            found.append(name + ("/" if path.is_dir() else ""))
+    return found
 
 
 def _snapshot(root: Path, base: Path) -> Path:

@@ -10,7 +10,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -21,6 +20,7 @@ from pathlib import Path
 
 from nbgrader.api import Gradebook, MissingEntry
 
+from dpmp_lab import processes
 from dpmp_lab.course import COURSE_ID, gradebook_url
 from dpmp_lab.limits import Cgroups, Limits, disk_used, enter_command
 
@@ -69,33 +69,10 @@ def fingerprint(folder: Path, source: Path) -> str:
     return h.hexdigest()
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every process below `pid` (Linux /proc), children first found first."""
-    parents: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            parents.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
-    found, frontier = [], [pid]
-    while frontier:
-        for child in parents.get(frontier.pop(), []):
-            found.append(child)
-            frontier.append(child)
-    return found
-
-
 def kill_tree(proc: subprocess.Popen) -> None:
     """Kill a job's process and everything under it: the kernel runs in a session of its own
     (jupyter_client starts it so) and the ranks below it, so a process group is not enough."""
-    for _ in range(2):   # a second sweep catches what was being started during the first
-        for pid in [*_descendants(proc.pid), proc.pid]:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+    processes.kill_tree(proc.pid)
     proc.wait()
 
 

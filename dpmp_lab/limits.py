@@ -69,7 +69,7 @@ def _own_cgroups() -> dict[str, str]:
     return found
 
 
-def _mounts() -> dict[str, Path]:
+def cgroup_mounts() -> dict[str, Path]:
     """{controller or "" for the v2 tree: where it is mounted}."""
     found: dict[str, Path] = {}
     try:
@@ -105,7 +105,7 @@ class Cgroups:
         """Make the job's cgroups below this process's own; what cannot be made is left to
         rlimits, and said in `held`."""
         name = name or f"dpmp-lab-{uuid.uuid4().hex[:12]}"
-        own, mounts = _own_cgroups(), _mounts()
+        own, mounts = _own_cgroups(), cgroup_mounts()
         job = cls(memory_mb=limits.memory_mb)
         if "memory" in mounts or "pids" in mounts:
             job.version = 1
@@ -274,4 +274,5 @@ def disk_used(folders: list[Path], max_entries: int = 20000) -> tuple[int, int]:
     return total, entries
 
 
-__all__ = ["Cgroups", "Limits", "disk_used", "enter_command", "held_text", "rlimits"]
+__all__ = ["Cgroups", "Limits", "cgroup_mounts", "disk_used", "enter_command", "held_text",
+           "rlimits"]

@@ -34,6 +34,7 @@ from dpmp_lab.sandbox_kernel import SandboxedKernelManager
 FORGED = "TamperingDetected"
 HIDDEN_LINE = "[a line of the hidden tests]"
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+IMPORTS = ("import ", "from ")
 
 
 class OutputLimitExceeded(RuntimeError):
@@ -181,7 +182,8 @@ class HideHiddenTests(ClearHiddenTests):
 def hidden_lines(nb: Any, begin: str = "BEGIN HIDDEN TESTS", end: str = "END HIDDEN TESTS",
                  min_length: int = 8) -> set[str]:
     """The stripped lines between the hidden-test markers of every cell that no visible part
-    of the notebook holds too (a check called in both parts is no secret)."""
+    of the notebook holds too, even within a longer line (a check called in both parts is no
+    secret), imports aside."""
     hidden, visible, inside = set(), set(), False
     for cell in nb.cells:
         for line in cell.source.splitlines():
@@ -189,10 +191,10 @@ def hidden_lines(nb: Any, begin: str = "BEGIN HIDDEN TESTS", end: str = "END HID
                 inside = True
             elif end in line:
                 inside = False
-            elif len(line.strip()) >= min_length:
+            elif len(line.strip()) >= min_length and not line.lstrip().startswith(IMPORTS):
                 (hidden if inside else visible).add(line.strip())
         inside = False
-    return hidden - visible
+    return {h for h in hidden if not any(h in v for v in visible)}
 
 
 def _masked(text: str, hidden: set[str]) -> str:

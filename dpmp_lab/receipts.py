@@ -48,7 +48,7 @@ LINE_START = '\n__import__("dpmp_lab.receipts").receipts.receipt('
 
 # namespaces whose functions and classes the tests rely on: the grader's (integrity's guarded
 # modules), the builtins (`abs` in an assert), math and torch.testing
-MODULES = (*integrity.GUARDED_MODULES, "builtins", "torch.testing", "math")
+MODULES = (*integrity.GUARDED_MODULES, "dpmp_lab.receipts", "builtins", "torch.testing", "math")
 # torch's top level changes while a notebook runs (importing torch._dynamo wraps
 # torch.manual_seed), so only the comparisons an assert uses are covered there
 TORCH_NAMES = ("allclose", "isclose", "equal", "all", "any", "abs", "eq", "ne", "max", "min",

@@ -17,7 +17,7 @@ write in one solution cell:
 It is graded twice: the whole class with two jobs, in the sandbox, with tight limits, from a
 course root given as a relative path and with a temp folder of its own (what is left in it is
 ours to count); and the honest learners but the hang alone, with one job, in a course of their
-own, to compare.
+own and without cgroups (rlimits alone), to compare.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import nbformat
 
-from dpmp_lab import course, grading
+from dpmp_lab import course, grading, limits
 from dpmp_lab.limits import Limits
 
 from .conftest import ROOT
@@ -90,6 +90,15 @@ LIMITS = Limits(memory_mb=1536, processes=128, disk_mb=64, cell_output_kb=256,
 # a legitimate submission takes 10-40 s on the 2-core machine (more with it loaded by other
 # work); the hang is stopped at this limit, paid once
 LIMIT = 90.0
+
+
+def stopped_here(summary: grading.Summary) -> set[str]:
+    """The attackers a limit stops on this machine: memory and processes only where a cgroup
+    holds them (an rlimit alone makes them the cell's own error, or lets them run)."""
+    held = summary.limits_held
+    return {learner for learner in STOPPED
+            if not (learner == "mal_memory" and "memory: cgroup" not in held)
+            and not (learner == "mal_fork" and "processes: cgroup" not in held)}
 
 
 def reach(root: Path) -> str:
@@ -228,8 +237,15 @@ def grade_the_class(base: Path) -> dict:
         else:
             os.environ["TMPDIR"] = saved[0]
         tempfile.tempdir = saved[1]
-    out["summary_one"] = grading.grade_class(NAME, root=one, jobs=1, timeout=LIMIT,
-                                             limits=LIMITS, say=lines.append)
+    # the second grading without cgroups, as on a machine that has none: rlimits alone must
+    # grade honest learners the same
+    mounts = limits.cgroup_mounts
+    limits.cgroup_mounts = dict
+    try:
+        out["summary_one"] = grading.grade_class(NAME, root=one, jobs=1, timeout=LIMIT,
+                                                 limits=LIMITS, say=lines.append)
+    finally:
+        limits.cgroup_mounts = mounts
     out["left_one"] = run_processes(out["summary_one"].run_id)
     out["outcomes"] = {o.student: o for o in out["summary_two"].outcomes}
     return out

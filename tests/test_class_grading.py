@@ -34,6 +34,7 @@ from .grading_class import (
     course_root,
     hand_in,
     run_processes,
+    stopped_here,
 )
 from .test_check_package import COMM_CASES, comm_failure, trace_of
 from .test_course import source_notebook
@@ -56,6 +57,7 @@ def test_jobs_1_and_jobs_2_give_identical_gradebooks(graded):
     one = grading.gradebook_dump(course.gradebook_url(graded["one"]), NAME)
     assert set(two) == graded["everyone"] and set(one) == set(HONEST) - {"fay_l17"}
     assert {learner: two[learner] for learner in one} == one   # attackers changed nothing
+    assert "RLIMIT_AS per process" in graded["summary_one"].limits_held   # rlimits alone
     for learner, cells in two.items():   # every graded cell has a score: none lost
         scores = [v for k, v in cells.items() if isinstance(v, tuple)]
         assert scores and all(auto is not None for auto, _, _ in scores), (learner, cells)
@@ -63,7 +65,7 @@ def test_jobs_1_and_jobs_2_give_identical_gradebooks(graded):
 
 
 def test_a_hang_and_a_dead_kernel_cost_their_own_time_and_say_so(graded):
-    for key, expected in (("summary_two", NOT_GRADED | set(STOPPED)),
+    for key, expected in (("summary_two", NOT_GRADED | stopped_here(graded["summary_two"])),
                           ("summary_one", NOT_GRADED - {"fay_l17"})):
         summary = graded[key]
         failed = {o.student: o for o in summary.failed}
@@ -108,13 +110,14 @@ def _cell(report: class_report.ClassReport, name: str) -> class_report.CellCount
 
 def test_report_names_each_variants_mistake_under_the_cell_it_spoils(graded):
     report = class_report.class_report(NAME, graded["two"])
-    # the attacker who only reached out (harmlessly) keeps its own answers' marks
-    full_marks = (set(HONEST) - NOT_GRADED) | {"mal_reach"}
+    # the attacker who only reached out (harmlessly) keeps its own answers' marks, and so do
+    # the limits an rlimit does not stop on this machine
+    not_graded = NOT_GRADED | stopped_here(graded["summary_two"])
+    full_marks = (set(HONEST) - NOT_GRADED) | {"mal_reach"} | (set(STOPPED) - not_graded)
     for c in report.cells:
         losers = {s for s, v in BROKEN.items() if c.cell in v["loses"]} | {"ben_l17"}
         assert (c.full, c.partial, c.zero, c.not_graded, c.flagged) == (
-            len(full_marks - losers), 0, len(losers), len(NOT_GRADED | set(STOPPED)),
-            len(FORGED)), c
+            len(full_marks - losers), 0, len(losers), len(not_graded), len(FORGED)), c
         # the blank release is counted as not attempted, under every cell
         assert any(m.key == class_report.NOT_ATTEMPTED and m.count == 1 for m in c.mistakes), c
     for variant in (ROWS, ALL_REDUCE):
@@ -133,7 +136,7 @@ def test_report_names_each_variants_mistake_under_the_cell_it_spoils(graded):
     rows = [m for m in _cell(report, "my_rows_tests").mistakes
             if m.key != class_report.NOT_ATTEMPTED]
     assert len(rows) == 1 and rows[0].key.startswith("CheckFailed: for n=# over # ranks")
-    assert sorted(report.not_graded) == sorted(NOT_GRADED | set(STOPPED))
+    assert sorted(report.not_graded) == sorted(not_graded)
     assert report.totals["ada_l17"] == (9.0, 9.0) and report.totals["ben_l17"][0] == 0
 
 
@@ -151,8 +154,9 @@ def test_report_is_anonymous_unless_asked_in_the_terminal_html_and_csv(graded, c
     rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
     gather = next(r for r in rows if r["cell"] == "gather_comm_tests" and not r["mistake"])
     # full: ada, cy, dee and the harmless attacker; zero: eve and the blank release
+    not_graded = NOT_GRADED | stopped_here(graded["summary_two"])
     assert (gather["full"], gather["zero"], gather["not_graded"], gather["flagged"]) == (
-        "4", "2", str(len(NOT_GRADED | set(STOPPED))), str(len(FORGED)))
+        str(4 + len(set(STOPPED) - not_graded)), "2", str(len(not_graded)), str(len(FORGED)))
     rows_mistake = next(r for r in rows if r["cell"] == "my_rows_tests"
                         and r["mistake"].startswith("CheckFailed"))
     assert rows_mistake["learners"] == "cy_l17 dee_l17"
@@ -167,7 +171,7 @@ def test_grades_csv_has_every_learners_total(graded, capsys):
     assert rows["ben_l17"]["score"] == "0"
     assert rows["eve_l17"]["score"] == "6"   # gather_tests (2) and gather_comm_tests (1) lost
     assert {s for s, r in rows.items() if r["needs_manual_grade"] == "True"} == (
-        NOT_GRADED | set(STOPPED) | set(FORGED))
+        NOT_GRADED | stopped_here(graded["summary_two"]) | set(FORGED))
     with pytest.raises(ValueError, match="not in the gradebook: 99_nothing"):
         class_report.grades(graded["two"], ["99_nothing"])
 

@@ -438,13 +438,24 @@ __dpmp_saved = {}
 """
 
 
+def _sandboxed() -> dict:
+    """The kernel manager grading uses, where the sandbox runs (always under CI)."""
+    from dpmp_lab import sandbox
+    from dpmp_lab.sandbox_kernel import SandboxedKernelManager
+
+    if sandbox.problem() is None or os.environ.get("CI") == "true":
+        return {"kernel_manager_class": SandboxedKernelManager}
+    return {}
+
+
 async def _grade_in_one_kernel(name: str) -> dict[str, KernelGrade]:
     """{variant name: KernelGrade}, "(solution)" included, all in one kernel."""
     from nbclient.util import ensure_async
 
     nb = source_notebook(name)   # nbclient puts each step into the client's copy
     client = _StepClient(copy.deepcopy(nb), timeout=600, kernel_name="python3", allow_errors=True,
-                         resources={"metadata": {"path": str(ROOT / "solutions" / name)}})
+                         resources={"metadata": {"path": str(ROOT / "solutions" / name)}},
+                         **_sandboxed())
     ids = [c.metadata.get("nbgrader", {}).get("grade_id") for c in nb.cells]
     todo = [variants(name)[i] for i in in_one_kernel(name)]
     first = {v["name"]: min(ids.index(cell) for cell in v["replace"]) for v in todo}
@@ -603,6 +614,24 @@ def test_every_variant_is_graded_and_nbgrader_grades_a_sample_of_each_kind():
 
 
 @pytest.mark.parametrize("name", ASSIGNMENTS)
+def test_feedback_holds_no_hidden_test(graded, name):
+    """Not the solution's, not the blank release's, not a wrong answer's: no line of the
+    hidden tests is in any feedback page, whatever failed and printed its traceback."""
+    import html
+
+    from dpmp_lab.nbgrader_plugin import hidden_lines
+
+    scores_of(graded, name, "solution")
+    hidden = hidden_lines(source_notebook(name))
+    pages = sorted((graded["roots"][name] / "feedback").glob(f"*/{name}/{name}.html"))
+    assert {p.parent.parent.name for p in pages} >= {"solution", "release"}
+    for page in pages:
+        text = html.unescape(re.sub(r"<[^>]+>", "", page.read_text()))
+        leaked = [line for line in hidden if line in text]
+        assert not leaked, f"{name}, feedback of {page.parent.parent.name}: {leaked[:3]}"
+
+
+@pytest.mark.parametrize("name", ASSIGNMENTS)
 def test_feedback_is_generated_and_explains_the_mistake(graded, name):
     scores_of(graded, name, "solution")   # fails clearly if grading this assignment failed
     root = graded["roots"][name]
@@ -613,3 +642,29 @@ def test_feedback_is_generated_and_explains_the_mistake(graded, name):
         pages.append(page.read_text())
     assert not pages or any("Likely mistake" in p or "expected" in p or "Tampering" in p
                             for p in pages)
+
+
+def test_a_learners_copy_holds_the_release_and_no_hidden_test(tmp_path, capsys):
+    from dpmp_lab import cli
+    from dpmp_lab.nbgrader_plugin import hidden_lines
+
+    dest = tmp_path / "for_learners"
+    assert cli.main(["learner-copy", str(dest)]) == 0
+    assert "bootstrap.py course" in capsys.readouterr().out
+    assert sorted(p.name for p in dest.iterdir()) == sorted(course.LEARNER_FILES)
+    files = [p for p in dest.rglob("*") if p.is_file()]
+    assert not [p for p in files if p.suffix == ".ipynb" and p.parts[-3] != "course"]
+    for name in course.assignments(ROOT):
+        assert (dest / "course" / name / f"{name}.ipynb").read_bytes() == (
+            ROOT / "course" / name / f"{name}.ipynb").read_bytes()
+    hidden = {name: hidden_lines(source_notebook(name)) for name in course.assignments(ROOT)}
+    for name, lines in hidden.items():   # a release holds no line of its own hidden tests
+        text = (dest / "course" / name / f"{name}.ipynb").read_text()
+        assert not [line for line in lines if json.dumps(line)[1:-1] in text], name
+    # and no file holds a distinctive line of any of them
+    distinctive = {line for lines in hidden.values() for line in lines if len(line) >= 40}
+    for path in files:
+        text = path.read_text(errors="replace")
+        leaked = [line for line in distinctive if line in text or json.dumps(line)[1:-1] in text]
+        assert not leaked, f"{path.relative_to(dest)} holds hidden test lines: {leaked[:3]}"
+    assert cli.main(["learner-copy", str(dest)]) == 2   # never into a folder with files
