@@ -16,8 +16,8 @@ write in one solution cell:
 
 It is graded twice: the whole class with two jobs, in the sandbox, with tight limits, from a
 course root given as a relative path and with a temp folder of its own (what is left in it is
-ours to count); and the honest learners but the hang alone, with one job, in a course of their
-own and without cgroups (rlimits alone), to compare.
+ours to count); and three of the honest learners (AGAIN) alone, with one job, in a course of
+their own and without cgroups (rlimits alone), to compare.
 """
 
 from __future__ import annotations
@@ -54,6 +54,9 @@ HONEST = {"ada_l17": "solution", "ben_l17": "release", "cy_l17": ROWS["replace"]
 BROKEN = {"cy_l17": ROWS, "dee_l17": ROWS, "eve_l17": ALL_REDUCE}
 NOT_GRADED = {"fay_l17", "gus_l17"}
 VICTIM = "ada_l17"
+# graded again with one job: a right answer, a wrong one, a dead kernel (the others would only
+# cost their minutes again)
+AGAIN = {"ada_l17", "cy_l17", "gus_l17"}
 
 SHELL = 'get_ipython().input_transformers_cleanup.append(lambda lines: ["pass\\n"])\n'
 SNAPSHOT = '''import sys
@@ -213,7 +216,7 @@ def grade_the_class(base: Path) -> dict:
     for learner, handed in everyone.items():
         hand_in(two, learner, notebook_of(handed, released))
     one = course_root(base / "one")
-    for learner in set(HONEST) - {"fay_l17"}:
+    for learner in AGAIN:
         shutil.copytree(two / "submitted" / learner, one / "submitted" / learner)
     grading.ensure_assignment(NAME, two)
     before = {p: tree_hash(two / p) for p in ("solutions", "nbgrader_config.py",

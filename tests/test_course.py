@@ -307,10 +307,13 @@ SAMPLE_EVERY = 12   # 2-3 variants per notebook: one autograde is a whole notebo
 
 
 def writes_into_the_grader(name: str, variant: dict) -> bool:
+    """Whether the grader's scan flags the variant (as autograde reads the notebook: the
+    learner's cells against the notebook's own)."""
     from dpmp_lab import scan
+    from dpmp_lab.nbgrader_plugin import split_cells
 
-    context = [c.source for c in source_notebook(name).cells if c.cell_type == "code"]
-    return bool(scan.scan(list(variant["replace"].values()), context=context))
+    mine, given, _ = split_cells(_with_replacements(source_notebook(name), variant["replace"]))
+    return bool(scan.scan([c.source for c in mine], context=[c.source for c in given]))
 
 
 @functools.cache
