@@ -23,6 +23,7 @@ from typing import Any
 
 import nbformat
 from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
+from nbgrader.api import Gradebook, MissingEntry
 from nbgrader.converters import Autograde
 from nbgrader.preprocessors import ClearHiddenTests, Execute, GetGrades
 from traitlets import Bool, Integer, Unicode
@@ -45,13 +46,39 @@ def _nbgrader(cell: Any) -> dict:
     return cell.metadata.get("nbgrader", {}) if cell.cell_type == "code" else {}
 
 
-def split_cells(nb: Any) -> tuple[list, list, list]:
-    """(the learner's cells, the notebook's own cells, the graded test cells)."""
+def split_cells(nb: Any, own: dict[str, str] | None = None) -> tuple[list, list, list]:
+    """(the learner's cells, the notebook's own cells, the graded test cells).
+
+    The notebook's own cells are its locked ones, and where `own` (grade_id -> source, from
+    the gradebook) is given, only those with that id and that source: a cell the learner added,
+    or marked locked themselves, is theirs, and scanned like their answers."""
     code = [c for c in nb.cells if c.cell_type == "code"]
-    mine = [c for c in code if _nbgrader(c).get("solution")]
-    given = [c for c in code if not _nbgrader(c).get("solution")]
+
+    def is_own(cell: Any) -> bool:
+        meta = _nbgrader(cell)
+        if own is None:
+            return bool(meta.get("locked")) and not meta.get("solution")
+        return own.get(meta.get("grade_id", "")) == cell.source
+
+    given = [c for c in code if is_own(c)]
+    mine = [c for c in code if not is_own(c)]
     tests = [c for c in given if _nbgrader(c).get("grade")]
     return mine, given, tests
+
+
+def own_cells(resources: Any) -> dict[str, str] | None:
+    """{grade_id: source} of the assignment's locked cells, as the gradebook holds them (what
+    nbgrader's OverwriteCells put back), or None outside an autograde."""
+    info = (resources or {}).get("nbgrader") or {}
+    if not info.get("db_url") or not info.get("notebook"):
+        return None
+    try:
+        with Gradebook(info["db_url"]) as gb:
+            notebook = gb.find_notebook(info["notebook"], info["assignment"])
+            return {c.name: c.source for c in notebook.source_cells
+                    if c.locked and c.cell_type == "code"}
+    except MissingEntry:
+        return None
 
 
 def _fails(out: Any) -> bool:
@@ -103,7 +130,7 @@ class GuardedExecute(Execute):
         self.found: dict = {}
 
     def preprocess(self, nb: Any, resources: Any = None, km: Any = None) -> tuple[Any, Any]:
-        mine, given, tests = split_cells(nb)
+        mine, given, tests = split_cells(nb, own_cells(resources))
         names = receipts.imported_names(c.source for c in given)
         nonces = receipts.add(tests, names)
         self._bytes = {}

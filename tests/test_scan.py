@@ -122,3 +122,24 @@ def test_a_finding_zeroes_every_graded_cell_with_the_lines():
     [error] = nb.cells[2].outputs
     assert error["ename"] == "TamperingDetected" and "`dl.check.comm = print`" in error["evalue"]
     assert nb.cells[1].outputs == []
+
+
+def test_cells_the_learner_added_or_locked_themselves_are_theirs():
+    def cell(source, **meta):
+        c = nbformat.v4.new_code_cell(source)
+        if meta:
+            c.metadata["nbgrader"] = meta
+        return c
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [cell(GIVEN[0], grade_id="imports", locked=True),
+                cell("x = 1", grade_id="answer", solution=True),
+                cell("get_ipython()", grade_id=""),                      # added, no id
+                cell("sys._getframe()", grade_id="forged", locked=True),  # locked by the learner
+                cell("assert x == 1", grade_id="answer_tests", grade=True, locked=True)]
+    own = {"imports": GIVEN[0], "answer_tests": "assert x == 1"}   # as the gradebook has them
+    mine, given, tests = split_cells(nb, own)
+    assert [c.source for c in mine] == ["x = 1", "get_ipython()", "sys._getframe()"]
+    assert [c.source for c in tests] == ["assert x == 1"]
+    found = scan.scan([c.source for c in mine], context=[c.source for c in given])
+    assert any("get_ipython" in f for f in found) and any("_getframe" in f for f in found)
+    assert [c.source for c in split_cells(nb)[0]] == ["x = 1", "get_ipython()"]  # no gradebook
