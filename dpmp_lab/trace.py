@@ -124,10 +124,12 @@ class BackwardOverlap:
     calls: int                 # matching calls issued in this pass
     before_last_grad: int      # ... of which while gradients were still being computed
     first_call: float | None   # when the first matching call was issued
+    async_before_last_grad: int = 0   # ... of those, asynchronous ones: the ones that can travel
+    #                                   while backward goes on (a blocking call stops it)
 
     @property
     def overlapped(self) -> bool:
-        return self.before_last_grad > 0
+        return self.async_before_last_grad > 0
 
 
 class Trace:
@@ -176,7 +178,8 @@ class Trace:
 
     def overlap(self, op: str | None = None, group: Any = None) -> list[BackwardOverlap]:
         """Per backward pass that computed gradients (needs `gradients_of=`): how many of its
-        matching calls were issued while gradients were still being computed."""
+        matching calls were issued while gradients were still being computed, and how many of
+        those asynchronously (a blocking call issued there holds backward until it is done)."""
         out = []
         for pass_id in dict.fromkeys(g.backward_pass for g in self.grads_ready):
             last = max(g.time for g in self.grads_ready if g.backward_pass == pass_id)
@@ -185,7 +188,8 @@ class Trace:
             out.append(BackwardOverlap(
                 pass_id, sum(g.backward_pass == pass_id for g in self.grads_ready), last,
                 len(calls), sum(ev.time < last for ev in calls),
-                min((ev.time for ev in calls), default=None)))
+                min((ev.time for ev in calls), default=None),
+                sum(ev.time < last and ev.async_op for ev in calls)))
         return out
 
     # -- questions --------------------------------------------------------------------------

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dpmp_lab import audit, integrity, processes, serialize, trace
+from dpmp_lab import audit, collective_inputs, integrity, processes, serialize, trace
 from dpmp_lab._helpers import group_ready
 from dpmp_lab.protocol import MAX_RESULT_BYTES, Message, Raised, Returned, Started
 from dpmp_lab.render import human_bytes
@@ -158,7 +158,8 @@ def _run(spec: RankSpec, msg_w: Connection, release_r: Connection) -> None:
         with audit.auditing() if spec.device_audit else contextlib.nullcontext():
             fn, args, kwargs = _load_payload(spec)
             _context = _init_process_group(spec)
-            value, trace = _call_user(fn, args, kwargs, spec.trace)
+            with collective_inputs.checked():
+                value, trace = _call_user(fn, args, kwargs, spec.trace)
             destroyed = not dist.is_initialized()  # fn called dist.destroy_process_group()
         if integrity.grading():   # the rank's code may not have changed what grades it
             integrity.verify()
@@ -345,9 +346,9 @@ def _describe(exc: BaseException) -> Raised:
 
 
 # Frames that only wrap the learner's call: this module's, torch's logging decorator, the
-# device audit's mode and the tracer's dispatcher kernel.
+# device audit's mode, the tracer's dispatcher kernel and the check of a collective's tensors.
 PLUMBING = (__file__, "c10d_logger.py", audit.__file__, trace.__file__, "contextlib.py",
-             "overrides.py")
+             "overrides.py", collective_inputs.__file__)
 
 
 def _drop_plumbing(report: traceback.TracebackException | None, seen: set | None = None) -> None:

@@ -300,6 +300,9 @@ def bucketed_step(kind: str):
     if kind == "last_hook":
         for p in params:
             p.register_post_accumulate_grad_hook(all_at_the_end)
+    if kind == "blocking_hooks":      # issued at the right time, but backward waits for each
+        for p in params:
+            p.register_post_accumulate_grad_hook(lambda q: dist.all_reduce(q.grad))
     with dl.trace(gradients_of=model) as t:
         model(x).sum().backward()
         if kind.startswith("dp"):
@@ -319,6 +322,12 @@ def test_overlap_is_graded_by_when_gradients_were_computed(warm):
         with pytest.raises(dl.check.CheckFailed, match=words) as info:
             dl.check.overlaps_backward(traces)
         assert "Likely mistake: the gradient communication starts only once" in str(info.value)
+    traces = dl.launch(bucketed_step, "blocking_hooks", world_size=2, stream=False).values
+    assert all(p.before_last_grad > 0 and not p.overlapped for t in traces
+               for p in t.overlap("all_reduce"))
+    with pytest.raises(dl.check.CheckFailed, match="as blocking calls") as info:
+        dl.check.overlaps_backward(traces)
+    assert "[hint: overlap.blocking]" in str(info.value)
     with pytest.raises(ValueError, match="gradients_of=model"):
         dl.check.overlaps_backward(dl.Trace())
 
@@ -369,3 +378,13 @@ def test_messages_for_empty_results_wrong_constants_and_switched_off_classes():
     with dl.check.references_off("tp.ColumnParallelLinear"):
         with pytest.raises(dl.check.ReferenceSwitchedOff, match="ColumnParallelLinear is switc"):
             dl.tp.ColumnParallelLinear.from_dense(torch.nn.Linear(2, 2), None)
+
+
+def test_the_relative_error_ignores_expected_values_near_zero():
+    """An expected 1e-30 next to values of order 1 made the report say 'max rel error 3e+27'."""
+    expected = torch.tensor([1.0, 2.0, 1e-30], dtype=torch.float64)
+    got = torch.tensor([1.0, 2.5, 1e-3], dtype=torch.float64)
+    with pytest.raises(dl.check.CheckFailed) as info:
+        dl.check.close(got, expected, name="t")
+    msg = str(info.value)
+    assert "max rel error 0.25 (where |expected| >=" in msg and "e+2" not in msg

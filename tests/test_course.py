@@ -279,6 +279,10 @@ def test_classic_mistake_fails_the_visible_test_before_hand_in(graded, name, var
     for words in variant.get("visible_says", []):
         assert any(words in text for text in failed.values()), (
             f"{name}, {variant['name']!r}: the visible failure does not say {words!r}")
+    for words in variant.get("visible_never_says", []):   # a hint that would mislead here
+        assert not any(words in text for text in failed.values()), (
+            f"{name}, {variant['name']!r}: the visible failure says {words!r}, a hint for "
+            "another mistake")
 
 
 @pytest.mark.parametrize("name, variant", learner_view_sample(),

@@ -362,6 +362,37 @@ def test_the_notebook_reads_no_message_over_the_limit():
             in str(info.value))
 
 
+def test_a_collective_on_an_expanded_view_is_refused_before_it_crashes_the_rank():
+    """gloo writes through a stride-0 view's one slot and kills the process (SIGSEGV/SIGABRT);
+    every rank checks its collectives' tensors first, so the rank raises, naming the cause."""
+    class InPlaceF(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            dist.all_reduce(grad)       # grad of .sum() is ones expanded: strides (0, 0)
+            return grad
+
+    def summed_in_place():
+        x = torch.randn(3, 5, requires_grad=True)
+        InPlaceF.apply(x).sum().backward()
+
+    with pytest.raises(dl.LaunchError) as info:
+        dl.launch(summed_in_place, world_size=2, stream=False, timeout=60)
+    assert [f.exc_type for f in info.value.failures.values()] == ["ValueError"] * 2
+    assert "whose elements share memory (strides (0, 0)" in str(info.value)
+    assert "[hint: comm.shared_elements]" in str(info.value)
+
+    def contiguous_and_transposed():
+        a, b = torch.ones(3, 5), torch.ones(2, 3).t()
+        dist.all_reduce(a)
+        dist.all_reduce(b)
+        return a.sum().item() + b.sum().item()
+    assert dl.launch(contiguous_and_transposed, world_size=2, stream=False).values == [42.0] * 2
+
+
 def test_a_rank_that_destroys_its_group_is_named_as_the_cause():
     def leave_early():
         if dist.get_rank() == 0:

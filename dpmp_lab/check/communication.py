@@ -18,6 +18,7 @@ from dpmp_lab import integrity
 from dpmp_lab._helpers import indent, ranks_text
 from dpmp_lab.check.failed import CheckFailed
 from dpmp_lab.check.hints import (
+    BLOCKING_HINT,
     OVERLAP_HINT,
     CommTable,
     Row,
@@ -63,14 +64,16 @@ def comm(traces: Any, expected: Mapping | Callable[[int], Mapping], *,
 
 def overlaps_backward(traces: Any, op: str = "all_reduce", group: Any = None, *,
                       hint: str = OVERLAP_HINT) -> None:
-    """Assert that in every backward pass of every rank, some `op` call was issued while
-    gradients were still being computed: communication overlapped with backward.
+    """Assert that in every backward pass of every rank, some asynchronous `op` call was issued
+    while gradients were still being computed: communication overlapped with backward. (A
+    blocking call issued there overlaps nothing: backward waits for it.)
 
     The traces must come from `dl.trace(gradients_of=model)`, which records when each
     gradient is computed. A pass counts if it computed gradients and issued `op` calls.
     """
     integrity.verify()
     failures: dict[str, list[int]] = {}   # message -> the ranks it is true of
+    blocking: set[int] = set()
     for i, t in enumerate(traces_of(traces)):
         rank = t.rank if t.rank is not None else i
         if not t.grads_ready:
@@ -82,13 +85,25 @@ def overlaps_backward(traces: Any, op: str = "all_reduce", group: Any = None, *,
                                 f"({t.count(op, group)} outside it).", []).append(rank)
             continue
         for n, p in enumerate(passes, 1):
-            if not p.overlapped:
+            if p.overlapped:
+                continue
+            if p.before_last_grad:
+                blocking.add(rank)
+                failures.setdefault(
+                    f"in backward pass {n}, {p.before_last_grad} {op} call(s) were issued while "
+                    "gradients were still being computed, but as blocking calls: each returned "
+                    "only once its sum had arrived, and backward stood still meanwhile.",
+                    []).append(rank)
+            else:
                 failures.setdefault(
                     f"in backward pass {n}, all {p.calls} {op} call(s) were issued after the "
                     f"last of its {p.grads} gradients was computed, so none of them overlapped "
                     "backward.", []).append(rank)
     if failures:
         lines = [f"On {ranks_text(ranks)}, {message}" for message, ranks in failures.items()]
+        if blocking:
+            raise CheckFailed("\n".join(lines) + f"\nLikely mistake: {BLOCKING_HINT}\n"
+                              + tag(["overlap.blocking"]))
         raise CheckFailed("\n".join(lines) + f"\nLikely mistake: {hint}\n"
                           + tag(["overlap.after_backward" if hint == OVERLAP_HINT else "exercise.overlap"]))
 

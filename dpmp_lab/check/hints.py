@@ -67,6 +67,12 @@ OVERLAP_HINT = ("the gradient communication starts only once backward has comput
                 "the last hook): launch each bucket from a gradient hook as soon as its last "
                 "gradient has arrived, so it travels while earlier layers still compute theirs")
 
+BLOCKING_HINT = ("the hooks started each bucket's all-reduce at the right moment but waited for "
+                 "it there: a collective called without async_op returns only when its result "
+                 "has arrived, so backward could not compute the next gradients meanwhile; "
+                 "overlap needs the call to return at once with a handle, and the waiting to "
+                 "happen once backward is done")
+
 P2P_ADVICE = ("post each send together with its receive (dist.isend/dist.irecv, or "
               "dist.batch_isend_irecv, then wait), since on gloo a blocking send waits for its "
               "receiver, and ranks that all send first wait forever")
@@ -337,9 +343,10 @@ COMM_HINTS: list[CommHint] = [
              key="comm.none_issued"),
     CommHint(lambda row, t: bool(row.expected) and row.seen % row.expected == 0,
              lambda row, t: f"{row.seen // row.expected}x the expected number of {row.op} calls"
-                            f"{where(row.group, row.phase)}: issued once per parameter or per "
-                            "micro-batch instead of once per step, or twice (in a hook and "
-                            "again after backward)?", key="comm.multiple_of_expected"),
+                            f"{where(row.group, row.phase)}: issued once per parameter, per "
+                            "micro-batch or per projection where one call serves them all, or "
+                            "twice (in a hook and again after backward)?",
+             key="comm.multiple_of_expected"),
     CommHint(lambda row, t: row.expected is not None and row.seen > row.expected,
              lambda row, t: f"{row.seen - row.expected} {row.op} call(s) more than needed"
                             f"{where(row.group, row.phase)}", key="comm.more_than_needed"),

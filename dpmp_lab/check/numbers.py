@@ -207,11 +207,17 @@ def _difference(actual: Any, expected: Any, rtol: float, atol: float,
     if torch.allclose(a64, e64, rtol=rtol, atol=atol, equal_nan=True):
         return ""
     worst, at = _largest_error(a64, e64)
-    rel = ((a64 - e64).abs() / e64.abs().clamp_min(1e-30)).nan_to_num(float("inf")).max().item()
+    # relative to the elements that are not ~0: an expected 1e-30 makes any error "1e27x"
+    scale = max(atol, 1e-6 * e64.abs().max().item())
+    big = e64.abs() >= scale
+    rel = (((a64 - e64).abs()[big] / e64.abs()[big]).nan_to_num(float("inf")).max().item()
+           if big.any() else None)
     text = (f"differs from the reference: max abs error {worst:.3g}"
             f"{' at ' + str(list(at)) if at else ''} (got {a64[at].item():.6g}, "
-            f"expected {e64[at].item():.6g}), max rel error {rel:.3g}; allowed "
-            f"|got - expected| <= {atol:g} + {rtol:g} * |expected|")
+            f"expected {e64[at].item():.6g})"
+            + (f", max rel error {rel:.3g} (where |expected| >= {scale:.2g})"
+               if rel is not None else "")
+            + f"; allowed |got - expected| <= {atol:g} + {rtol:g} * |expected|")
     key, hint = keyed_scale_hint(a64, e64, rtol, atol, world)
     return text + (f".\n  Likely mistake: {hint} {tag([key])}" if hint else "")
 

@@ -45,6 +45,18 @@ def gather_partial_sums(n: int, rows_of) -> tuple[list[float], float]:
     return partials, sum(partials)
 '''
 
+# Right on 2 ranks, where "the others" is one rank: the total minus mine is its part.
+TWO_RANK_THINKING = '''
+def gather_partial_sums(n: int, rows_of) -> tuple[list[float], float]:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dev = dl.device()
+    mine = float(sum(i * i for i in rows_of(n, rank, world)))
+    total = torch.tensor([mine], dtype=torch.float64, device=dev)
+    dist.all_reduce(total)
+    other = total.item() - mine
+    return ([mine, other] if rank == 0 else [other, mine]), total.item()
+'''
+
 ONLY_MY_OWN_PART = _edit("gather", (
     "    partials = [p.item() for p in parts]\n",
     "    partials = [mine.item()] * world\n"))
@@ -79,6 +91,9 @@ VARIANTS = [
     {"name": "right numbers, one broadcast per rank instead of one all_gather",
      "replace": {"gather": ONE_BROADCAST_PER_RANK}, "loses": ["gather_comm_tests"],
      "visible": ["gather_comm_tests"], "visible_says": ["a single dist.all_gather"]},
+    {"name": "the other rank's part as the total minus mine: right on 2 ranks only",
+     "replace": {"gather": TWO_RANK_THINKING}, "loses": ["gather_tests", "gather_comm_tests"],
+     "visible": ["gather_tests", "gather_comm_tests"], "visible_says": ["3 ranks"]},
     {"name": "gathers, then ignores what arrived",
      "replace": ONLY_MY_OWN_PART, "loses": ["gather_tests"], "visible": ["gather_tests"],
      "visible_says": ["this rank's own part"]},

@@ -105,6 +105,22 @@ VARIANTS = [
          "while self.next < len(self.buckets) and sum(self.pending) == 0:")),
      "loses": ["overlapping_dp_tests"],
      "visible": ["overlapping_dp_tests"], "visible_says": ["none of them overlapped backward"]},
+    {"name": "a blocking all-reduce in the hook: issued during backward, backward waits for it",
+     "replace": _edit("overlapping_dp",
+                      ("self.work[b] = dist.all_reduce(self.flat[b], op=dist.ReduceOp.SUM, "
+                       "async_op=True)",
+                       "dist.all_reduce(self.flat[b], op=dist.ReduceOp.SUM)"),
+                      ("            self.work[b].wait()\n", "")),
+     "loses": ["overlapping_dp_tests"],
+     "visible": ["overlapping_dp_tests"], "visible_says": ["as blocking calls"]},
+    {"name": "each bucket launched as soon as it is complete, ahead of the plan's order",
+     "replace": _edit("overlapping_dp",
+                      ("        while self.next < len(self.buckets) and self.pending[self.next] == 0:\n"
+                       "            b = self.next\n",
+                       "        b = self.bucket_of[i]\n"
+                       "        if self.pending[b] == 0:\n")),
+     "loses": ["overlapping_dp_tests"],
+     "visible": ["overlapping_dp_tests"], "visible_says": ["dp.bucket_order"]},
     {"name": "bucket plan ignored: one all-reduce per parameter from the hooks",
      "replace": _edit("overlapping_dp", (
          "self.bucket_of = {i: b for b, members in enumerate(self.buckets) for i in members}",
