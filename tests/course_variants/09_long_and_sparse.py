@@ -17,6 +17,7 @@ _edit = solution_editor("09_long_and_sparse")
 
 RING = ["ring_forward_numbers_tests", "ring_forward_comm_tests"]
 EP = ["expert_parallel_numbers_tests", "expert_parallel_comm_tests"]
+ZIGZAG = ["zigzag_forward_numbers_tests", "zigzag_forward_flops_tests"]
 
 
 def _seen(variant: dict) -> dict:
@@ -103,7 +104,38 @@ def ring_attention_forward(q, k, v, group):
     return acc / l.unsqueeze(-1)
 '''
 
-# -- exercise 4: expert parallel ------------------------------------------------------------------
+# -- exercise 4: the zig-zag ring -----------------------------------------------------------------
+
+# right, written another way: pairs decided from the global positions of their first tokens
+ZIGZAG_BY_POSITIONS = '''
+def zigzag_ring_attention_forward(q, k, v, group):
+    n, me = dist.get_world_size(group), dist.get_rank(group)
+    seq, half = q.shape[-2] * n, q.shape[-2] // 2
+    q_pos = dl.cp.positions(seq, n, me, zigzag=True).to(q.device)
+    state = [torch.zeros_like(q), q.new_full(q.shape[:-1], float("-inf")),
+             q.new_zeros(q.shape[:-1])]
+    kv = torch.stack([k, v])
+    for step in range(n):
+        nxt = torch.empty_like(kv) if step < n - 1 else None
+        pending = post_exchange(kv, nxt, group) if nxt is not None else []
+        k_pos = dl.cp.positions(seq, n, (me - step) % n, zigzag=True).to(q.device)
+        for a in (0, half):
+            for b in (0, half):
+                qp, kp = q_pos[a:a + half], k_pos[b:b + half]
+                if kp[0] > qp[-1]:
+                    continue                                   # all in the future
+                s = torch.einsum("...qd,...kd->...qk", q[..., a:a + half, :],
+                                 kv[0][..., b:b + half, :]) / q.shape[-1] ** 0.5
+                s = torch.where(kp[None, :] <= qp[:, None], s, float("-inf"))
+                online_softmax_update(state[0][..., a:a + half, :], state[1][..., a:a + half],
+                                      state[2][..., a:a + half], s, kv[1][..., b:b + half, :])
+        for w in pending:
+            w.wait()
+        kv = nxt if nxt is not None else kv
+    return state[0] / state[2][..., None]
+'''
+
+# -- exercise 6: expert parallel ------------------------------------------------------------------
 
 EP_BY_ALL_GATHER = '''
 def expert_parallel(buf, experts, group):
@@ -260,6 +292,32 @@ VARIANTS = [
      "replace": {"predict_work": "q_work_ratio = 7"}, "loses": ["predict_work_tests"]},
     {"name": "prediction: balanced, 1",
      "replace": {"predict_work": "q_work_ratio = 1.0"}, "loses": ["predict_work_tests"]},
+    # -- 4 the zig-zag ring ------------------------------------------------------------------------
+    _seen({"name": "zig-zag pairs decided by the ranks (the contiguous rule), not by the chunks",
+           "replace": _edit("zigzag_forward", ("if kj > qi:                              # keys",
+                                               "if src > me:                             # keys")),
+           "loses": ZIGZAG, "visible_says": ["not by the ranks"]}),
+    _seen({"name": "zig-zag: the chunk against itself not masked",
+           "replace": _edit("zigzag_forward", ("                if kj == qi:\n",
+                                               "                if kj == -1:\n")),
+           "loses": ["zigzag_forward_numbers_tests"], "visible_says": ["needs the mask"]}),
+    _seen({"name": "zig-zag: future pairs multiplied out, then skipped (right numbers)",
+           "replace": _edit("zigzag_forward",
+                            ("                if kj > qi:                              # keys "
+                             "wholly after the queries\n"
+                             "                    continue\n", ""),
+                            ("                    q.shape[-1])\n",
+                             "                    q.shape[-1])\n"
+                             "                if kj > qi:\n"
+                             "                    continue\n")),
+           "loses": ["zigzag_forward_flops_tests"], "visible_says": ["multiplied out and then"]}),
+    _seen({"name": "zig-zag by the library's ring attention (switched off while graded)",
+           "replace": {"zigzag_forward": "def zigzag_ring_attention_forward(q, k, v, group):\n"
+                                         "    return dl.cp.ring_attention(q, k, v, group, "
+                                         "zigzag=True)\n"},
+           "loses": ZIGZAG, "visible_says": ["is switched off here"]}),
+    {"name": "right: zig-zag pairs from global positions, einsum and where",
+     "replace": {"zigzag_forward": ZIGZAG_BY_POSITIONS}, "loses": []},
     # -- 3 routing --------------------------------------------------------------------------------
     _seen({"name": "no capacity: nothing is dropped",
            "replace": _edit("route", ("kept = place < capacity",
