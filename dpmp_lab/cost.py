@@ -121,10 +121,11 @@ def ep_dispatch_bytes(tokens: int, d_model: int, n_experts: int, top_k: int = 1,
     capacity_factor x top_k copies of the tokens.
 
     A MoE layer does 2 all-to-alls forward (dispatch, combine) and 2 backward, each putting
-    all_to_all_bytes(K, ep) on the wire per rank. Per token and layer that is about
-    2 top_k capacity_factor d_model numbers each way, against 2 (tp-1)/tp d_model for tensor
-    parallel's all-reduce of the same MLP: similar traffic, but ep splits whole experts, so
-    each expert's matmuls stay big and unsplit, and it talks only in the MoE layers.
+    all_to_all_bytes(K, ep) on the wire per rank. Compare per GPU for the same global batch:
+    an ep rank sends about top_k capacity_factor copies of its own share of the tokens
+    (twice), which falls with ep like its FLOPs, while every tp rank all-reduces all the tokens' activations
+    (2 (tp-1)/tp copies) with 1/tp of the FLOPs: tp's communication per FLOP grows with tp,
+    ep's stays about constant.
     """
     cap = math.ceil(capacity_factor * tokens * top_k / n_experts)
     return tensor_bytes((n_experts, cap, d_model), dtype)

@@ -27,8 +27,14 @@ to which each rank adds its queries' part; after n steps it has visited every ra
 more step brings it home. Per rank: forward n - 1 K/V sends; backward n - 1 K/V sends and
 n dK/dV sends, all to the right neighbour (and as many receives from the left).
 
-The baseline `all_gather_attention` all-gathers K/V instead (and reduce-scatters dK/dV in
-backward): simpler, but every rank then holds the whole sequence's K/V, and nothing overlaps.
+The alternative `all_gather_attention` all-gathers K/V instead (and reduce-scatters dK/dV in
+backward): every rank then holds the whole sequence's K/V and the all-gather is not hidden, but
+any mask is easy (document masks) and, with grouped-query attention, K/V are small next to Q:
+Llama 3's context parallel works this way (Dubey et al. 2024). Either way cp keeps the other
+activations (MLP, projections, norms) split, which is most of what it saves. Other designs:
+DeepSpeed-Ulysses (all-to-all from sequence-split to head-split and back) and striped
+attention (round-robin tokens, another load balance). The weights are replicated over the cp
+ranks, so their gradients are reduced over dp x cp.
 """
 
 from __future__ import annotations

@@ -11,14 +11,19 @@ top_k experts, and the output is the experts' outputs weighted by the router's p
 n_experts)` tokens per call, so the work per expert is fixed and the buffers have one shape;
 assignments beyond it are dropped (their contribution is zero: the token passes through the
 layer's residual connection). Priority goes to first choices, then to second choices, each in
-token order (GShard).
+token order (GShard). The gates are the router's probabilities (Switch's form); GShard and
+Mixtral renormalise the top-k gates to sum to 1. Fixed capacity is a choice: dropless MoE
+(MegaBlocks, DeepSeek-V3) sends each expert exactly its tokens, with variable all-to-all split
+sizes.
 
 Expert parallel: the ep group's ranks each hold n_experts / ep experts and their own tokens.
 Every rank routes its tokens and packs them into an (n_experts, capacity, d_model) buffer, as
 on one process; one all_to_all sends rank j the rows of j's experts (dispatch), the local
 experts run on the tokens of every rank, and a second all_to_all sends the results back
 (combine). Backward runs the same two all-to-alls in reverse. The router is replicated: its
-gradient, like the non-expert weights', is averaged by data parallelism over the ep ranks.
+gradient, like the non-expert weights', is averaged by data parallelism over all dp ranks. An
+expert's weights live on one rank per ep group, so its gradient is reduced over the
+expert-data-parallel group only: the ranks with the same ep rank in the different ep groups.
 
 The load-balancing loss (Switch Transformer): n_experts * sum_i f_i P_i, with f_i the share of
 token assignments routed to expert i and P_i the mean router probability of expert i. It is 1
