@@ -25,7 +25,10 @@ Mixed precision (compute_dtype=torch.bfloat16 or float16): the shards stay in th
 so forward and backward compute in it. Gradients are reduced in reduce_dtype: by default the
 master dtype (cast up first, then SUM and / N); reduce_dtype=compute_dtype halves the
 traffic, and then each rank divides by N *before* the SUM, because a SUM of N fp16 gradients
-can overflow where their mean does not.
+can overflow where their mean does not (dividing first trades that for underflow of small
+gradients; torch's FSDP1 splits the division into pre- and post-divide factors of about sqrt N,
+and fp16 training needs loss scaling besides). These are FSDP2's
+MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=reduce_dtype).
 
 Parameters outside every unit (by default those of modules without a weight matrix, such as
 norms) stay whole on every rank in their own dtype; finish_gradient_sync() all-reduces their

@@ -328,11 +328,14 @@ def test_zero_1_2_3_line_up(warm):
 def footprints():
     x = torch.randn(8, 5, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     out = {}
-    for stage in (0, 3):
+    for stage in (0, 1, 3):
         model = _seeded(Stack, 0).double()
         if stage == 3:
             model = FullyShardedDataParallel(model)
-        opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+        if stage == 1:
+            opt = dl.dp.ShardedOptimizer(model.parameters(), torch.optim.AdamW, lr=0.01)
+        else:
+            opt = torch.optim.AdamW(model.parameters(), lr=0.01)
         with dl.footprint.record(model, opt) as fp:
             model(mine(x)).pow(2).mean().backward()
             fp.mark("after backward")
@@ -351,6 +354,13 @@ def test_footprint_measures_what_the_formulas_say(warm):
         assert plain.peak("params") == 8 * n == 2 * formula.params   # fp64: twice fp32's bytes
         assert plain.samples[-1].grads == 8 * n
         assert plain.samples[-1].optimizer == 2 * 8 * n + 6 * 4     # two moments, 6 step counters
+        # ZeRO-1 at its formula: parameters, gradients and the shard are views of two flat
+        # buffers (125 numbers padded to 126), only the optimizer state is halved
+        zero1 = out[1]
+        assert zero1.peak("params") == zero1.samples[-1].params == 8 * 126
+        assert zero1.peak("grads") == zero1.samples[-1].grads == 8 * 126
+        assert zero1.samples[-1].optimizer == 2 * 8 * 63 + 4          # one step counter
+        assert zero1.peak("total") < plain.peak("total")
         shards = 18 + 25 + 20
         assert fsdp.samples[0].params == 8 * shards and fsdp.samples[0].grads == 0
         # the shards plus the largest unit, gathered whole: Linear(6, 7) padded to 50 elements

@@ -8,8 +8,9 @@ the ranks average their gradients so that every replica takes the same step.
 
 Why averaging is enough: the loss of the full batch is the mean of the per-rank mean losses
 (when every rank has as many samples), so its gradient is the mean of the per-rank gradients.
-The mean is an all-reduce with SUM followed by a division by the group size: ReduceOp.AVG
-reaches gloo only in torch builds from 2025 on, and SUM then divide runs everywhere.
+The mean is an all-reduce with SUM followed by a division by the group size: the portable
+form, since older torch refuses ReduceOp.AVG on gloo (torch 2.13 averages correctly there:
+its silent bug, pytorch/pytorch#162338, was fixed in December 2025).
 
 Two ways to hold the replicas, each in its module: dp.data_parallel's DataParallel (what
 torch's DistributedDataParallel does: bucketed all-reduces overlapping backward) and

@@ -45,6 +45,13 @@ class ShardedOptimizer:
     the parameters. A parameter without a gradient counts as a zero gradient (so AdamW still
     decays it), because every rank must send the same vector. p.grad keeps this rank's local
     gradient: only the shard's average is ever formed.
+
+    Stage 1 holds the memory its formula counts: every parameter is a view of the flat
+    parameter vector and every p.grad a view of the flat gradient vector (autograd accumulates
+    into it in place, as DDP's gradient_as_bucket_view does), the shard is a view of the flat
+    parameters (stepping it steps the model), and the shard's averaged gradient lives only
+    during step(). So params + grads are Ψ each, as in plain data parallelism, and only the
+    optimizer state shrinks. zero_grad() zeroes the flat gradients in place, keeping the views.
     """
 
     def __init__(self, params: Iterable[torch.Tensor],
@@ -91,12 +98,27 @@ class ShardedOptimizer:
             self._pack(self._flat_params, [p.detach() for p in self.params])
             dist.broadcast(self._flat_params, src=_first_rank(self.group), group=self.group)
             self._unpack_params()
-        lo = self.group_rank * self.shard_size
-        self.shard = nn.Parameter(self._flat_params[lo:lo + self.shard_size].clone())
         self._hooks: list[Any] = []
-        if stage == 2:
+        if stage == 1:
+            self._stage1_views()
+        else:
             self._stage2_layout()
         self.optimizer = optimizer_cls([self.shard], **optimizer_kwargs)
+
+    def _stage1_views(self) -> None:
+        """Parameters, gradients and the shard as views of the two flat buffers: no copies."""
+        self._grad_views: list[torch.Tensor] = []
+        start = 0
+        for p in self.params:
+            p.data = self._flat_params[start:start + p.numel()].view(p.shape)
+            view = self._flat_grads[start:start + p.numel()].view(p.shape)
+            if p.grad is not None:
+                view.copy_(p.grad)
+            p.grad = view
+            self._grad_views.append(view)
+            start += p.numel()
+        lo = self.group_rank * self.shard_size
+        self.shard = nn.Parameter(self._flat_params[lo:lo + self.shard_size])
 
     def _stage2_layout(self) -> None:
         """Chunk r of every parameter (each padded to N chunks) is rank r's shard; the
@@ -146,6 +168,12 @@ class ShardedOptimizer:
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self.stage == 2:
             self._shard_grad, self._reduced = None, set()
+        else:           # stage 1: zero the flat gradients in place, the views stay
+            with torch.no_grad():
+                self._flat_grads.zero_()
+                for p, view in zip(self.params, self._grad_views, strict=True):
+                    p.grad = view
+            return
         for p in self.params:
             if set_to_none:
                 p.grad = None
@@ -161,15 +189,20 @@ class ShardedOptimizer:
         if self.stage == 2:
             return self._step_stage2(loss)
         with torch.no_grad():
-            self._pack(self._flat_grads, [p.grad for p in self.params])
-            shard_grad = torch.empty_like(self.shard)
+            for p, view in zip(self.params, self._grad_views, strict=True):
+                if p.grad is not view:      # set to None or replaced since: back into the view
+                    view.copy_(p.grad) if p.grad is not None else view.zero_()
+                    p.grad = view
+            shard_grad = torch.empty(self.shard_size, dtype=self.shard.dtype,
+                                     device=self.shard.device)
             dist.reduce_scatter_single(shard_grad, self._flat_grads, op=dist.ReduceOp.SUM,
                                        group=self.group)
             self.shard.grad = shard_grad.div_(self.group_size)
-            self.optimizer.step()
-            dist.all_gather_single(self._flat_params, self.shard.detach(),
-                                        group=self.group)
-            self._unpack_params()
+            self.optimizer.step()           # steps the shard, a view of the flat parameters
+            self.shard.grad = None          # the averaged shard gradient lives in step() only
+            # the shard is the flat vector's own slice: gather from a copy, never in place
+            dist.all_gather_single(self._flat_params, self.shard.detach().clone(),
+                                   group=self.group)
         return loss
 
     @torch.no_grad()

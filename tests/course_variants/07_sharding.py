@@ -1,5 +1,5 @@
-"""Broken variants of 07_sharding: classic mistakes of ZeRO-2, FSDP units, fp16 reduction and
-activation checkpointing that the grader must catch.
+"""Broken variants of 07_sharding: classic mistakes of ZeRO-2's gradient hooks, FSDP units, fp16
+reduction and activation checkpointing that the grader must catch.
 
 Each variant is the solution cell with one mistake written in, as an exact edit of the solution
 notebook's own source (see tests/course_variants/__init__.py). `loses` lists exactly the graded
@@ -14,7 +14,7 @@ from tests.course_variants import solution_editor
 
 _edit = solution_editor("07_sharding")
 
-_RS = ["reduce_scatter_mean_tests"]
+_Z2 = ["zero2_hooks_tests"]
 _UNIT = ["sharded_linear_tests"]
 _FP16 = ["reduce_scatter_fp16_tests"]
 _CKPT = ["checkpoint_tests"]
@@ -25,31 +25,47 @@ def _seen(variant: dict) -> dict:
 
 
 VARIANTS = [
-    # -- 1 ZeRO-2's reduce-scatter ----------------------------------------------------------------
-    _seen({"name": "sum over the ranks not divided by their number",
-           "replace": _edit("reduce_scatter_mean", ("return out / world", "return out")),
-           "loses": _RS, "visible_says": ["divided by the number of ranks"]}),
+    # -- 1 ZeRO-2 from gradient hooks ------------------------------------------------------------
+    _seen({"name": "the chunk is the SUM over the ranks, not divided by their number",
+           "replace": _edit("zero2_hooks", ("shards[name] = mine / world", "shards[name] = mine")),
+           "loses": _Z2, "visible_says": ["divided by their number"]}),
     _seen({"name": "an all-reduce and a slice where a reduce-scatter belongs",
-           "replace": _edit("reduce_scatter_mean", (
-               "    out = torch.empty(size, dtype=flat.dtype, device=flat.device)\n"
-               "    dist.reduce_scatter_single(out, padded, op=dist.ReduceOp.SUM)\n"
-               "    return out / world",
-               "    dist.all_reduce(padded, op=dist.ReduceOp.SUM)\n"
-               "    rank = dist.get_rank()\n"
-               "    return padded[rank * size:(rank + 1) * size] / world")),
-           "loses": _RS, "visible_says": ["an all-reduce where a reduce-scatter belongs"]}),
-    _seen({"name": "every rank keeps the first shard",
-           "replace": _edit("reduce_scatter_mean", (
-               "    out = torch.empty(size, dtype=flat.dtype, device=flat.device)\n"
-               "    dist.reduce_scatter_single(out, padded, op=dist.ReduceOp.SUM)\n"
-               "    return out / world",
-               "    dist.all_reduce(padded, op=dist.ReduceOp.SUM)\n"
-               "    return padded[:size] / world")),
-           "loses": _RS, "visible_says": ["rank r keeps shard r"]}),
-    {"name": "right: the list form of reduce_scatter",
-     "replace": _edit("reduce_scatter_mean", (
-         "    dist.reduce_scatter_single(out, padded, op=dist.ReduceOp.SUM)\n",
-         "    dist.reduce_scatter(out, list(padded.chunk(world)), op=dist.ReduceOp.SUM)\n")),
+           "replace": _edit("zero2_hooks", (
+               "            mine = torch.empty(size, dtype=p.grad.dtype, device=p.grad.device)\n"
+               "            dist.reduce_scatter_single(mine, padded, op=dist.ReduceOp.SUM)\n"
+               "            shards[name] = mine / world\n",
+               "            dist.all_reduce(padded, op=dist.ReduceOp.SUM)\n"
+               "            r = dist.get_rank()\n"
+               "            shards[name] = padded[r * size:(r + 1) * size] / world\n")),
+           "loses": _Z2, "visible_says": ["an all-reduce where a reduce-scatter belongs"]}),
+    _seen({"name": "int() where the chunk size needs ceil: the last numbers are cut off",
+           "replace": _edit("zero2_hooks", ("size = -(-p.numel() // world)",
+                                            "size = p.numel() // world")),
+           "loses": _Z2, "visible_says": ["padded with zeros"]}),
+    _seen({"name": "the full gradient kept: p.grad not dropped in the hook",
+           "replace": _edit("zero2_hooks", (
+               "            p.grad = None                  # the full gradient is gone: only the "
+               "chunk stays\n", "")),
+           "loses": _Z2, "visible_says": ["still holds the full gradient"]}),
+    _seen({"name": "the chunk a view of a full-size buffer, which stays alive",
+           "replace": _edit("zero2_hooks", (
+               "            mine = torch.empty(size, dtype=p.grad.dtype, device=p.grad.device)\n",
+               "            mine = torch.empty_like(padded)[:size]\n"), (
+               "shards[name] = mine / world", "shards[name] = mine.div_(world)")),
+           "loses": _Z2, "visible_says": ["keeps that whole tensor alive"]}),
+    {"name": "right: the list form of reduce_scatter, divided in place",
+     "replace": _edit("zero2_hooks", (
+         "            dist.reduce_scatter_single(mine, padded, op=dist.ReduceOp.SUM)\n"
+         "            shards[name] = mine / world\n",
+         "            dist.reduce_scatter(mine, list(padded.chunk(world)), op=dist.ReduceOp.SUM)\n"
+         "            shards[name] = mine.div_(world)\n")),
+     "loses": []},
+    {"name": "right: ReduceOp.AVG (torch 2.13's gloo averages correctly)",
+     "replace": _edit("zero2_hooks", (
+         "            dist.reduce_scatter_single(mine, padded, op=dist.ReduceOp.SUM)\n"
+         "            shards[name] = mine / world\n",
+         "            dist.reduce_scatter_single(mine, padded, op=dist.ReduceOp.AVG)\n"
+         "            shards[name] = mine\n")),
      "loses": []},
     # -- 2 the FSDP unit --------------------------------------------------------------------------
     _seen({"name": "forgetting to free: the gathered weight saved for backward",
@@ -60,6 +76,17 @@ VARIANTS = [
                "        full = torch.empty(world * shard.numel(), dtype=shard.dtype, "
                "device=shard.device)\n"
                "        dist.all_gather_single(full, shard.detach())      # gathered again\n", "")),
+           "loses": _UNIT, "visible_says": ["forward must free the gathered weight"]}),
+    _seen({"name": "the gathered weight saved for backward, and gathered again anyway",
+           "replace": _edit("sharded_linear", (
+               "ctx.save_for_backward(x, shard)          # not `full`: it is freed when we return",
+               "ctx.save_for_backward(x, shard, full)"), (
+               "        x, shard = ctx.saved_tensors\n", "        x, shard, _ = ctx.saved_tensors\n")),
+           "loses": _UNIT, "visible_says": ["forward must free the gathered weight"]}),
+    _seen({"name": "the gathered weight's views kept on ctx, gathered again anyway",
+           "replace": _edit("sharded_linear", (
+               "        ctx.sizes = (out_features, in_features)\n",
+               "        ctx.sizes = (out_features, in_features)\n        ctx.wb = (w, b)\n")),
            "loses": _UNIT, "visible_says": ["forward must free the gathered weight"]}),
     _seen({"name": "an all-reduce of the weight gradient where a reduce-scatter belongs",
            "replace": _edit("sharded_linear", (
@@ -72,10 +99,10 @@ VARIANTS = [
     _seen({"name": "the reduce-scattered gradient not divided by N",
            "replace": _edit("sharded_linear", ("return grad_x, grad_shard / world, None, None",
                                                 "return grad_x, grad_shard, None, None")),
-           "loses": _UNIT, "visible_says": ["divided by 2"]}),
+           "loses": _UNIT, "visible_says": ["divided by 3"]}),
     _seen({"name": "weight gradient transposed: x.T @ grad_out",
            "replace": _edit("sharded_linear", ("grad_w = grad_out.T @ x", "grad_w = x.T @ grad_out")),
-           "loses": _UNIT, "visible_says": ["grad_w = grad_out.T @ x"]}),
+           "loses": _UNIT, "visible_says": ["the weight's shape (out x in)"]}),
     {"name": "right: the list form of all_gather in forward",
      "replace": _edit("sharded_linear", (
          "        full = torch.empty(world * shard.numel(), dtype=shard.dtype, device=shard.device)\n"
@@ -102,6 +129,14 @@ VARIANTS = [
                "dist.reduce_scatter_single(out, grad16 / world, op=dist.ReduceOp.SUM)",
                "dist.reduce_scatter_single(out, grad16.float() / world, op=dist.ReduceOp.SUM)")),
            "loses": _FP16, "visible_says": ["reduce in fp16"]}),
+    {"name": "right: pre- and post-divided by sqrt(N), as torch's FSDP1 splits the division",
+     "replace": _edit("reduce_scatter_fp16", (
+         "    dist.reduce_scatter_single(out, grad16 / world, op=dist.ReduceOp.SUM)\n"
+         "    return out.float()",
+         "    pre = world ** 0.5\n"
+         "    dist.reduce_scatter_single(out, grad16 / pre, op=dist.ReduceOp.SUM)\n"
+         "    return out.float() / pre")),
+     "loses": []},
     # -- 4 activation checkpointing ----------------------------------------------------------------
     _seen({"name": "the block's output saved as well: nothing is saved by checkpointing",
            "replace": _edit("checkpoint", (
@@ -112,9 +147,28 @@ VARIANTS = [
            "loses": _CKPT, "visible_says": ["keeps only its input"]}),
     _seen({"name": "backward recomputes without recording, so nothing can be backpropagated",
            "replace": _edit("checkpoint", (
-               "        with torch.enable_grad():\n            y = ctx.block(x)\n",
-               "        y = ctx.block(x)\n")),
-           "loses": _CKPT}),
+               "            with torch.enable_grad():\n                y = ctx.block(x)\n",
+               "            y = ctx.block(x)\n")),
+           "loses": _CKPT, "visible_says": ["the recomputation has to record"]}),
+    _seen({"name": "no RNG replay: the recomputation draws other dropout masks",
+           "replace": _edit("checkpoint", (
+               "        with torch.random.fork_rng(devices=[]):      # the caller's stream goes on "
+               "untouched\n"
+               "            torch.set_rng_state(ctx.rng)             # the forward's dropout masks "
+               "again\n"
+               "            with torch.enable_grad():\n                y = ctx.block(x)\n",
+               "        with torch.enable_grad():\n            y = ctx.block(x)\n")),
+           "loses": _CKPT, "visible_says": ["replay the forward's random-number state"]}),
+    _seen({"name": "RNG replayed but the caller's random stream not given back",
+           "replace": _edit("checkpoint", (
+               "        with torch.random.fork_rng(devices=[]):      # the caller's stream goes on "
+               "untouched\n"
+               "            torch.set_rng_state(ctx.rng)             # the forward's dropout masks "
+               "again\n"
+               "            with torch.enable_grad():\n                y = ctx.block(x)\n",
+               "        torch.set_rng_state(ctx.rng)\n"
+               "        with torch.enable_grad():\n            y = ctx.block(x)\n")),
+           "loses": _CKPT, "visible_says": ["Restore it afterwards"]}),
     _seen({"name": "only x's gradient computed: the block's parameters get none",
            "replace": _edit("checkpoint", (
                "        torch.autograd.backward(y, grad_y)\n        return None, x.grad",
@@ -126,23 +180,35 @@ VARIANTS = [
          "x = x.detach().requires_grad_(True)", "x = x.clone().requires_grad_(True)"), (
          "torch.autograd.backward(y, grad_y)", "y.backward(grad_y)")),
      "loses": []},
+    {"name": "right: the caller's RNG state saved and restored by hand",
+     "replace": _edit("checkpoint", (
+         "        with torch.random.fork_rng(devices=[]):      # the caller's stream goes on "
+         "untouched\n"
+         "            torch.set_rng_state(ctx.rng)             # the forward's dropout masks "
+         "again\n"
+         "            with torch.enable_grad():\n                y = ctx.block(x)\n",
+         "        caller = torch.get_rng_state()\n"
+         "        torch.set_rng_state(ctx.rng)\n"
+         "        with torch.enable_grad():\n            y = ctx.block(x)\n"
+         "        torch.set_rng_state(caller)\n")),
+     "loses": []},
     # -- predictions and recall (their visible tests check the format only) ------------------------
     {"name": "prediction: only the shards, as dl.cost.memory(zero=3) counts",
      "replace": {"predict_peak": "peak_param_bytes = 3728"}, "loses": ["predict_peak_tests"]},
     {"name": "prediction: the whole model gathered at once",
      "replace": {"predict_peak": "peak_param_bytes = 3728 + 7456"},
      "loses": ["predict_peak_tests"]},
-    {"name": "prediction: fully_shard's forward gathers not seen (no_grad)",
-     "replace": {"predict_fully_shard": "fully_shard_calls = (0, 3, 3)"},
+    {"name": "prediction: one unit per Linear, as in the earlier traces",
+     "replace": {"predict_fully_shard": "fully_shard_calls = (3, 3, 3)"},
      "loses": ["predict_fully_shard_tests"]},
-    {"name": "prediction: no gather in backward",
-     "replace": {"predict_fully_shard": "fully_shard_calls = (3, 0, 3)"},
+    {"name": "prediction: the root freed after forward like any unit",
+     "replace": {"predict_fully_shard": "fully_shard_calls = (2, 2, 2)"},
      "loses": ["predict_fully_shard_tests"]},
-    {"name": "recall 1: ZeRO-2 sends half",
+    {"name": "recall 1: the hook fires once per step",
      "replace": {"recall_zero2": 'answer_1 = "b"'}, "loses": ["recall_zero2_tests"]},
     {"name": "recall 2: FSDP costs what data parallel costs",
-     "replace": {"recall_fsdp_traffic": 'answer_2 = "b"'}, "loses": ["recall_fsdp_traffic_tests"]},
-    {"name": "recall 3: bf16 overflows",
+     "replace": {"recall_fsdp_traffic": 'answer_2 = "a"'}, "loses": ["recall_fsdp_traffic_tests"]},
+    {"name": "recall 3: the same gap on both sides of 1.0",
      "replace": {"recall_master": 'answer_3 = "b"'}, "loses": ["recall_master_tests"]},
     {"name": "recall 4: checkpointing doubles the compute",
      "replace": {"recall_checkpoint": "checkpoint_factor = 2"},
