@@ -13,9 +13,11 @@ processes on a shared machine), the min the least disturbed one.
 
 The network model is the alpha-beta (latency-bandwidth) model: one message of n bytes costs
 alpha + n / beta. A ring collective over N ranks is a sequence of such messages: all-reduce is
-2 (N - 1) steps of n / N bytes, all-gather and reduce-scatter N - 1 steps. So
-T = steps * alpha + wire / beta, with wire = steps * n / N, is linear in (alpha, 1 / beta) and one
-least-squares fit over every measured size and world size gives both. The fit weights each row
+2 (N - 1) steps of n / N bytes, all-gather and reduce-scatter N - 1 steps (n is the full tensor).
+A binomial-tree all-reduce ("tree_all_reduce": reduce to a root, then broadcast) is
+2 ceil(log2 N) rounds of the whole n bytes. So T = steps * alpha + wire / beta, with wire the
+bytes a rank sends one after another, is linear in (alpha, 1 / beta) and one least-squares fit
+over every measured size and world size gives both. The fit weights each row
 by 1 / T (it minimises relative residuals): sizes span orders of magnitude, and an unweighted
 fit would let the largest message decide alpha, which then predicts small messages badly.
 
@@ -42,7 +44,7 @@ from dpmp_lab.worker import device
 
 __all__ = ["AlphaBeta", "Interval", "Profile", "Sweep", "SweepRow", "Timing", "fit_alpha_beta",
            "matmul_flops", "profile", "ring_steps", "sweep", "time_collective", "time_in_ranks",
-           "train_flops"]
+           "train_flops", "tree_steps"]
 
 RING_OPS = ("all_reduce", "all_gather", "reduce_scatter")
 
@@ -128,9 +130,26 @@ def ring_steps(op: str, world_size: int) -> int:
     return (2 if op == "all_reduce" else 1) * (world_size - 1)
 
 
+def tree_steps(world_size: int) -> int:
+    """Rounds of a binomial-tree all-reduce over world_size ranks: ceil(log2 N) to reduce to a
+    root (each round halves the ranks holding a partial sum), as many to broadcast back."""
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a whole number >= 1, not {world_size!r}")
+    return 2 * (world_size - 1).bit_length()
+
+
+def _steps(op: str, world_size: int) -> int:
+    return tree_steps(world_size) if op == "tree_all_reduce" else ring_steps(op, world_size)
+
+
 def _wire_bytes(op: str, nbytes: float, world_size: int) -> float:
-    """Bytes each rank puts on the wire: every ring step carries n / N bytes."""
-    return nbytes if op == "message" else ring_steps(op, world_size) * nbytes / world_size
+    """Bytes each rank sends one after another: every ring step carries n / N bytes, every tree
+    round the whole buffer."""
+    if op == "message":
+        return nbytes
+    if op == "tree_all_reduce":
+        return tree_steps(world_size) * nbytes
+    return ring_steps(op, world_size) * nbytes / world_size
 
 
 def time_collective(op: str, nbytes: int, *, warmup: int = 2, repeats: int = 5,
@@ -235,8 +254,9 @@ class AlphaBeta:
     residuals: tuple[float, ...] = ()
 
     def predict(self, op: str, nbytes: float, world_size: int) -> float:
-        """Seconds for `op` of nbytes over world_size ranks: steps * alpha + wire / beta."""
-        return (ring_steps(op, world_size) * self.alpha
+        """Seconds for `op` of nbytes over world_size ranks: steps * alpha + wire / beta (a ring
+        op, "tree_all_reduce" or "message")."""
+        return (_steps(op, world_size) * self.alpha
                 + _wire_bytes(op, nbytes, world_size) / self.beta)
 
     def __repr__(self) -> str:
@@ -245,9 +265,10 @@ class AlphaBeta:
                 f"beta={self.beta / 1e9:.3g} GB/s, worst residual {worst:.0%})")
 
 
-def fit_alpha_beta(rows: Iterable[Any]) -> AlphaBeta:
+def fit_alpha_beta(rows: Iterable[Any], *, relative: bool = True) -> AlphaBeta:
     """Least-squares fit of T = steps * alpha + wire / beta to measured (op, world_size, nbytes,
-    seconds) rows (SweepRows or tuples), each weighted by 1 / T: relative residuals.
+    seconds) rows (SweepRows or tuples), each weighted by 1 / T: relative residuals (with
+    relative=False, absolute ones: the largest messages then decide, kept to show why not).
 
     Needs at least two rows with different wire/steps ratios (sizes), else alpha and beta
     cannot be told apart.
@@ -261,7 +282,7 @@ def fit_alpha_beta(rows: Iterable[Any]) -> AlphaBeta:
         worlds.append(w)
         sizes.append(n)
         times.append(t)
-    design = torch.tensor([[ring_steps(op, w), _wire_bytes(op, n, w)]
+    design = torch.tensor([[_steps(op, w), _wire_bytes(op, n, w)]
                            for op, w, n in zip(ops, worlds, sizes, strict=True)],
                           dtype=torch.float64)
     if len(times) < 2 or torch.linalg.matrix_rank(design) < 2:
@@ -269,7 +290,8 @@ def fit_alpha_beta(rows: Iterable[Any]) -> AlphaBeta:
                          "must differ) to tell latency from bandwidth")
     t = torch.tensor(times, dtype=torch.float64)
     scale = design.abs().max(dim=0).values            # conditioning: columns of order 1
-    solution = torch.linalg.lstsq((design / scale) / t[:, None], torch.ones_like(t)[:, None],
+    weight = t if relative else torch.ones_like(t)
+    solution = torch.linalg.lstsq((design / scale) / weight[:, None], (t / weight)[:, None],
                                   driver="gelsd").solution[:, 0] / scale
     alpha, inverse_beta = solution.tolist()
     if not inverse_beta > 0:
@@ -282,9 +304,14 @@ def fit_alpha_beta(rows: Iterable[Any]) -> AlphaBeta:
 # -- FLOPs ----------------------------------------------------------------------------------------
 
 
-def train_flops(n_params: float, tokens: float) -> float:
-    """FLOPs of one training step, 6 N T: 2 per parameter and token forward, 4 backward."""
-    return 6 * n_params * tokens
+def train_flops(n_params: float, tokens: float, *, n_layers: int = 0, d_model: int = 0,
+                seq_len: int = 0) -> float:
+    """FLOPs of one training step on `tokens` tokens: 6 Psi D for the Psi weights that multiply
+    activations (2 per weight and token forward, 4 backward), plus attention's score products,
+    which have no weights: 12 L S d per token (Q K^T and scores V, 2 S d each per layer
+    forward, 3x that for training; d = heads x head size, the full S x S matrix counted as
+    dense kernels compute it). PaLM (Chowdhury et al. 2022), appendix B."""
+    return 6 * n_params * tokens + 12 * n_layers * d_model * seq_len * tokens
 
 
 def matmul_flops(n: int = 1024, *, repeats: int = 3, dtype: torch.dtype = torch.float32,

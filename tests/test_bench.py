@@ -70,9 +70,43 @@ def test_fit_refuses_what_cannot_be_fitted():
     assert [dl.bench.ring_steps("all_reduce", n) for n in (1, 2, 8)] == [0, 2, 14]
 
 
+def test_tree_all_reduce_and_the_unweighted_fit():
+    # a binomial tree: ceil(log2 N) rounds up, as many down, each of the whole buffer
+    assert [dl.bench.tree_steps(n) for n in (1, 2, 3, 4, 5, 8, 9)] == [0, 2, 4, 4, 6, 6, 8]
+    fit = dl.bench.AlphaBeta(5e-6, 1e10)
+    assert fit.predict("tree_all_reduce", 2**20, 6) == pytest.approx(6 * (5e-6 + 2**20 / 1e10))
+    # tree rows fit with ring rows, and the unweighted fit differs on noisy data
+    rows = synthetic(50e-6, 1e9, [2**10, 2**18, 2**22], [2, 4], [0.1, -0.1, 0.05, -0.05, 0, 0.02])
+    rows.append(("tree_all_reduce", 4, 2**16, fit.predict("tree_all_reduce", 2**16, 4)))
+    relative, absolute = (dl.bench.fit_alpha_beta(rows, relative=r) for r in (True, False))
+    assert abs(relative.alpha - absolute.alpha) > 1e-3 * relative.alpha
+    exact = [("tree_all_reduce", w, n, fit.predict("tree_all_reduce", n, w))
+             for w in (3, 8) for n in (2**10, 2**20)]
+    assert dl.bench.fit_alpha_beta(exact).beta == pytest.approx(1e10, rel=1e-9)
+
+
 def test_flops():
     assert dl.bench.train_flops(1e9, 2048) == 6 * 1e9 * 2048
+    assert dl.bench.train_flops(1e9, 2048, n_layers=4, d_model=256, seq_len=512) == \
+        6 * 1e9 * 2048 + 12 * 4 * 256 * 512 * 2048
     assert dl.bench.matmul_flops(128, repeats=2) > 0
+
+
+def test_train_flops_matches_torchs_flop_counter_on_tinygpt():
+    """torch.utils.flop_counter counts the matrix products of a real step: the weights that
+    multiply activations (not the embedding lookups) and attention's score products."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    config = dl.models.GPTConfig(vocab_size=64, seq_len=32, d_model=64, n_heads=4, n_layers=2,
+                                 d_ff=256)
+    model = dl.models.TinyGPT(config)
+    idx, targets = dl.models.token_batch(4, config.seq_len, config.vocab_size, seed=0)
+    with FlopCounterMode(display=False) as counter:
+        dl.models.lm_loss(model(idx), targets).backward()
+    weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    want = dl.bench.train_flops(weights, idx.numel(), n_layers=config.n_layers,
+                                d_model=config.d_model, seq_len=config.seq_len)
+    assert counter.get_total_flops() == want
 
 
 # -- timing and sweeps in ranks ------------------------------------------------------------------
