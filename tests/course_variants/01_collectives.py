@@ -25,6 +25,9 @@ HALVES_KEEPS_THE_PADDING = _edit("halves", (
     "return full[:x.numel()].view(x.shape)",
     "return full if full.numel() != x.numel() else full.view(x.shape)"))
 
+# any other error: a typo, an exception of the learner's own
+HALVES_WITH_A_TYPO = _edit("halves", ("flat = x.detach().flatten()", "flat = x.detach().flaten()"))
+
 HALVES_AVERAGE_INSTEAD_OF_SUM = _edit("halves", (
     "    dist.reduce_scatter_single(mine, flat)\n",
     "    dist.reduce_scatter_single(mine, flat)\n    mine /= n\n"))
@@ -142,6 +145,9 @@ VARIANTS = [
     {"name": "no padding: fails when the ranks do not divide the length",
      "replace": HALVES_WITHOUT_PADDING, "loses": ["halves_tests"], "visible": ["halves_tests"],
      "visible_says": ["pad with zeros first"]},
+    {"name": "a typo (an AttributeError): no hint about sizes",
+     "replace": HALVES_WITH_A_TYPO, "loses": ["halves_tests"], "visible": ["halves_tests"],
+     "visible_says": ["has no attribute 'flaten'"], "visible_never_says": ["pad with zeros"]},
     {"name": "pads n zeros when n already divides the length (more bytes than needed)",
      "replace": HALVES_PADS_A_WHOLE_ROUND_TOO_MANY, "loses": ["halves_tests"],
      "visible": ["halves_tests"], "visible_says": ["bytes of all_gather"]},

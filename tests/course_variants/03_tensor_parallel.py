@@ -59,6 +59,19 @@ VARIANTS = [
      # ranks 2 and 3 take an empty block: wrong numbers, and nothing in their all_gather
      "loses": COLUMN, "visible": COLUMN,
      "visible_says": ["dist.get_rank(group), the rank inside the group"]},
+    {"name": "global rank modulo tp instead of the rank in the group (strided groups show it)",
+     "replace": _edit("column",
+                      ("tp, i = dist.get_world_size(group), dist.get_rank(group)",
+                       "tp = dist.get_world_size(group)\n    i = dist.get_rank() % tp"),
+                      ("i, width = dist.get_rank(group), W_i.shape[1]",
+                       "i, width = dist.get_rank() % dist.get_world_size(group), W_i.shape[1]")),
+     "loses": ["column_tests"], "visible": ["column_tests"], "visible_says": ["tp.group_rank"]},
+    {"name": "W.chunk(tp, 1)[dist.get_rank()]: out of range on ranks 2 and 3",
+     "replace": _edit("column", (
+         "    width = W.shape[1] // tp\n"
+         "    return W[:, i * width:(i + 1) * width].contiguous()",
+         "    return W.chunk(tp, 1)[dist.get_rank()].contiguous()")),
+     "loses": COLUMN, "visible": COLUMN, "visible_says": ["tp.group_rank"]},
     {"name": "dX summed over all ranks: the all_reduce without group=",
      "replace": _edit("column", (
          "    dist.all_reduce(dX, op=dist.ReduceOp.SUM, group=group)\n",
@@ -114,7 +127,36 @@ VARIANTS = [
          "        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=ctx.group)\n",
          "        dist.all_reduce(total, op=dist.ReduceOp.SUM)\n")),
      "loses": F_AND_G, "visible": F_AND_G, "visible_says": ["not over the tp group"]},
+    {"name": "g's forward all-reduces its input in place (the caller's tensor is overwritten)",
+     "replace": _edit("f_and_g", (
+         "        total = x.clone()\n"
+         "        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)\n"
+         "        return total",
+         "        dist.all_reduce(x, op=dist.ReduceOp.SUM, group=group)\n"
+         "        return x")),
+     "loses": ["f_and_g_tests"], "visible": ["f_and_g_tests"],
+     "visible_says": ["summed into its input in place"]},
+    {"name": "f's backward all-reduces the incoming gradient in place (an expanded view)",
+     "replace": _edit("f_and_g", (
+         "        total = grad.clone()\n"
+         "        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=ctx.group)\n"
+         "        return total, None",
+         "        dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=ctx.group)\n"
+         "        return grad, None")),
+     "loses": ["f_and_g_comm_tests"], "visible": ["f_and_g_comm_tests"],
+     "visible_says": ["whose elements share memory"]},
     # -- Exercise 3: column then row --
+    {"name": "no f in front of the column layer: x's gradient is this rank's own term",
+     "replace": _edit("mlp", ("F.linear(copy_to_tp_region(x, self.group), self.weight, self.bias)",
+                              "F.linear(x, self.weight, self.bias)")),
+     "loses": MLP, "visible": MLP, "visible_says": ["tp.missing_f"]},
+    {"name": "row layer stores b / tp and adds it before g: right outputs, wrong parameter",
+     "replace": _edit("mlp",
+                      ("self.bias = nn.Parameter(dense.bias.detach().clone())",
+                       "self.bias = nn.Parameter(dense.bias.detach().clone() / tp)"),
+                      ("reduce_from_tp_region(F.linear(x, self.weight), self.group) + self.bias",
+                       "reduce_from_tp_region(F.linear(x, self.weight, self.bias), self.group)")),
+     "loses": ["mlp_tests"], "visible": ["mlp_tests"], "visible_says": ["tp.row_bias_split"]},
     {"name": "row layer adds its bias before the reduction",
      "replace": _edit("mlp", (
          "reduce_from_tp_region(F.linear(x, self.weight), self.group) + self.bias",
@@ -195,11 +237,20 @@ VARIANTS = [
          "        q, k, v = self.q(x), self.k(x), self.v(x)")),
      "loses": ["attention_comm_tests"], "visible": ["attention_comm_tests"],
      "visible_says": ["one f in front of all three"]},
+    {"name": "attention without f: x's gradient is this rank's own term",
+     "replace": _edit("attention", (
+         "        x = copy_to_tp_region(x, self.group)      # one f for q, k and v\n", "")),
+     "loses": ATTENTION, "visible": ATTENTION, "visible_says": ["tp.missing_f"]},
     {"name": "checks that d_model splits instead of the heads",
      "replace": _edit("attention", (
          "        if attn.n_heads % tp:\n", "        if attn.q.out_features % tp:\n")),
      "loses": ["attention_tests"], "visible": ["attention_tests"],
      "visible_says": ["1.5 heads"]},
+    {"name": "checks that the width of a head splits instead of the number of heads",
+     "replace": _edit("attention", (
+         "        if attn.n_heads % tp:\n", "        if attn.head_dim % tp:\n")),
+     "loses": ["attention_tests"], "visible": ["attention_tests"],
+     "visible_says": ["tp.heads_split"]},
     {"name": "head_dim divided by tp along with everything else",
      "replace": _edit("attention", (
          "        self.head_dim = attn.head_dim\n", "        self.head_dim = attn.head_dim // tp\n")),
@@ -228,6 +279,13 @@ VARIANTS = [
          "ReduceScatterToSequenceRegion.apply(F.linear(h, self.w2, self.b2), self.group)")),
      "loses": ["sequence_parallel_tests"], "visible": ["sequence_parallel_tests"],
      "visible_says": ["b2 was added before the reduce-scatter"]},
+    {"name": "b2's gradient all-reduced inside the layer (Megatron does it in its grad sync)",
+     "replace": _edit("sequence_parallel", (
+         "ReduceScatterToSequenceRegion.apply(F.linear(h, self.w2), self.group) + self.b2",
+         "ReduceScatterToSequenceRegion.apply(F.linear(h, self.w2), self.group)"
+         " + copy_to_tp_region(self.b2, self.group)")),
+     "loses": SEQUENCE, "visible": SEQUENCE, "visible_says": ["tp.sp_replicated_grad"],
+     "visible_never_says": ["added before the reduce-scatter"]},
     # -- recall --
     {"name": "every recall answer wrong",
      "replace": {**_recall("answer_param_sync", 'q_param_sync = "a"'),

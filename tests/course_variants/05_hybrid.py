@@ -30,8 +30,28 @@ def tp_groups(dp: int, tp: int) -> list[tuple[int, ...]]:
     return dl.GridLayout(dp=dp, tp=tp).groups("tp")
 '''
 
-# right, written another way: the checks compare sets of ranks, not one spelling
+# right, written another way: strides and slices instead of the formula
 GROUPS_ANOTHER_WAY = '''
+def dp_groups(dp: int, tp: int) -> list[tuple[int, ...]]:
+    return [tuple(range(t, dp * tp, tp)) for t in range(tp)]
+
+
+def tp_groups(dp: int, tp: int) -> list[tuple[int, ...]]:
+    ranks = list(range(dp * tp))
+    return [tuple(ranks[d * tp:(d + 1) * tp]) for d in range(dp)]
+'''
+
+# the right ranks, not in the spec's form: lists, ranks and groups in reverse order
+GROUPS_AS_REVERSED_LISTS = '''
+def dp_groups(dp: int, tp: int) -> list[tuple[int, ...]]:
+    return [list(range(t, dp * tp, tp))[::-1] for t in reversed(range(tp))]
+
+
+def tp_groups(dp: int, tp: int) -> list[tuple[int, ...]]:
+    return [list(range(d * tp, (d + 1) * tp)) for d in range(dp)]
+'''
+
+GROUPS_IN_REVERSE = '''
 def dp_groups(dp: int, tp: int) -> list[tuple[int, ...]]:
     return [tuple(range(t, dp * tp, tp)) for t in reversed(range(tp))]
 
@@ -52,6 +72,19 @@ def make_groups(dp_ranks, tp_ranks):
                 group = dist.new_group(list(ranks))
                 dl.name_group(group, kind)
                 mine[kind] = group
+    return mine["dp"], mine["tp"]
+'''
+
+RANKS_KEPT_INSTEAD_OF_GROUPS = '''
+def make_groups(dp_ranks, tp_ranks):
+    me = dist.get_rank()
+    mine = {}
+    for kind, groups in (("dp", dp_ranks), ("tp", tp_ranks)):
+        for ranks in groups:
+            group = dist.new_group(list(ranks))
+            if me in ranks:
+                dl.name_group(group, kind)
+                mine[kind] = ranks.index(me)
     return mine["dp"], mine["tp"]
 '''
 
@@ -188,10 +221,19 @@ VARIANTS = [
     _seen({"name": "the library's GridLayout instead of the formula",
            "replace": {"groups": GROUPS_FROM_THE_LIBRARY}, "loses": ["groups_tests"],
            "visible_says": ["is switched off here"]}),
+    _seen({"name": "the right ranks as lists, each reversed, the groups in reverse order",
+           "replace": {"groups": GROUPS_AS_REVERSED_LISTS}, "loses": ["groups_tests"],
+           "visible_says": ["grid.spec_form"]}),
+    _seen({"name": "the right tuples, the groups in reverse order",
+           "replace": {"groups": GROUPS_IN_REVERSE}, "loses": ["groups_tests"],
+           "visible_says": ["in another order"]}),
     # exercise 2; loses only its own cell: exercise 3 trains on dl.ProcessGrid's groups
     _seen({"name": "each rank creates only its own groups (hang or wrong partner)",
            "replace": {"make_groups": ONLY_OWN_GROUPS}, "loses": ["make_groups_tests"],
            "visible_says": ["not every rank created every group in the same order"]}),
+    _seen({"name": "keeps this rank's index in each group instead of the group",
+           "replace": {"make_groups": RANKS_KEPT_INSTEAD_OF_GROUPS}, "loses": ["make_groups_tests"],
+           "visible_says": ["grid.not_a_group"]}),
     _seen({"name": "groups not named dp / tp",
            "replace": {"make_groups": GROUPS_NOT_NAMED}, "loses": ["make_groups_tests"],
            "visible_says": ["dl.name_group"]}),

@@ -53,6 +53,11 @@ NO_GRADIENTS_BACK_THROUGH_THE_PIPELINE = _edit(
     "step_bytes", ("directions = (stage < pp - 1) + (stage > 0)",
                    "directions = int(stage < pp - 1)"))
 
+# Right wherever pp <= 2 (a stage there sends one way only); a middle stage sends both ways.
+PIPELINE_ONE_WAY_PER_STAGE = _edit(
+    "step_bytes", ("directions = (stage < pp - 1) + (stage > 0)",
+                   "directions = int(pp > 1)"))
+
 DP_ALL_REDUCE_PER_MICRO_BATCH = _edit(
     "step_bytes", ('"dp": n_params * itemsize if dp > 1 else 0',
                    '"dp": micro_batches * n_params * itemsize if dp > 1 else 0'))
@@ -135,6 +140,9 @@ VARIANTS = [
     _seen({"name": "the vocab-parallel loss's three per-token all-reduces forgotten",
            "replace": LOSS_ALL_REDUCES_FORGOTTEN, "loses": _TP,
            "visible_says": ["the head 3 per-token tensors"]}),
+    _seen({"name": "pipeline: every stage counted one way (right for pp <= 2 only)",
+           "replace": PIPELINE_ONE_WAY_PER_STAGE, "loses": _DP_PP,
+           "visible_says": ["a middle stage sends the activation forward AND"]}),
     _seen({"name": "pipeline: activation gradients never sent back",
            "replace": NO_GRADIENTS_BACK_THROUGH_THE_PIPELINE, "loses": _DP_PP,
            "visible_says": ["a gradient backward unless it is the first"]}),
