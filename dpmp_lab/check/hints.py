@@ -5,9 +5,8 @@ list of entries tried in order, where the first entry that applies speaks:
 
   SCALE_HINTS  a result is the reference times a constant: a sum not divided by the ranks or
                micro-batches, an average divided twice, a value never filled in.
-  COMM_HINTS   a line of a rank's communication table is wrong: the call went to another group
-               or phase, one collective where another belongs, one all-reduce per parameter
-               tensor, a multiple of the expected count, calls missing, calls nobody expected.
+  COMM_HINTS   a line of a rank's communication table is wrong: another group or phase, one
+               collective for another, one per tensor, Nx the count, calls missing or unasked.
 
 A grader who knows another mistake puts an entry in front, so that it speaks first (the last
 entries of each table apply to everything, so an entry appended after them never speaks):
@@ -67,11 +66,9 @@ OVERLAP_HINT = ("the gradient communication starts only once backward has comput
                 "the last hook): launch each bucket from a gradient hook as soon as its last "
                 "gradient has arrived, so it travels while earlier layers still compute theirs")
 
-BLOCKING_HINT = ("the hooks started each bucket's all-reduce at the right moment but waited for "
-                 "it there: a collective called without async_op returns only when its result "
-                 "has arrived, so backward could not compute the next gradients meanwhile; "
-                 "overlap needs the call to return at once with a handle, and the waiting to "
-                 "happen once backward is done")
+BLOCKING_HINT = ("the hooks started each all-reduce at the right moment, then waited for it: a "
+                 "call without async_op returns once its result has arrived, so backward stood "
+                 "still meanwhile; overlap needs a handle at once, and the wait after backward")
 
 P2P_ADVICE = ("post each send together with its receive (dist.isend/dist.irecv, or "
               "dist.batch_isend_irecv, then wait), since on gloo a blocking send waits for its "
@@ -345,8 +342,7 @@ COMM_HINTS: list[CommHint] = [
              lambda row, t: f"{row.seen // row.expected}x the expected number of {row.op} calls"
                             f"{where(row.group, row.phase)}: issued once per parameter, per "
                             "micro-batch or per projection where one call serves them all, or "
-                            "twice (in a hook and again after backward)?",
-             key="comm.multiple_of_expected"),
+                            "twice (in a hook and again after backward)?", key="comm.multiple_of_expected"),
     CommHint(lambda row, t: row.expected is not None and row.seen > row.expected,
              lambda row, t: f"{row.seen - row.expected} {row.op} call(s) more than needed"
                             f"{where(row.group, row.phase)}", key="comm.more_than_needed"),
