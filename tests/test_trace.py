@@ -215,6 +215,7 @@ class _Identity(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
+        grad = grad.clone()   # .sum()'s gradient is one number expanded: not a buffer to write
         dist.all_reduce(grad)
         return grad
 
