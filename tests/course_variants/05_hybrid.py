@@ -1,5 +1,7 @@
 """Wrong answers to 05_hybrid, and the graded cells each must lose (all others keep points)."""
 
+from tests.course_variants import solution_editor
+
 # -- exercise 1: the groups of a dp x tp grid ------------------------------------------------------
 
 GROUPS_SWAPPED = '''
@@ -75,18 +77,9 @@ def make_groups(dp_ranks, tp_ranks):
     return mine["dp"], mine["tp"]
 '''
 
-RANKS_KEPT_INSTEAD_OF_GROUPS = '''
-def make_groups(dp_ranks, tp_ranks):
-    me = dist.get_rank()
-    mine = {}
-    for kind, groups in (("dp", dp_ranks), ("tp", tp_ranks)):
-        for ranks in groups:
-            group = dist.new_group(list(ranks))
-            if me in ranks:
-                dl.name_group(group, kind)
-                mine[kind] = ranks.index(me)
-    return mine["dp"], mine["tp"]
-'''
+# the solution with one line changed: this rank's index in each group kept, not the group
+RANKS_KEPT_INSTEAD_OF_GROUPS = solution_editor("05_hybrid")(
+    "make_groups", ("                mine[kind] = group", "                mine[kind] = ranks.index(me)"))
 
 GROUPS_NOT_NAMED = '''
 def make_groups(dp_ranks, tp_ranks):
@@ -232,7 +225,7 @@ VARIANTS = [
            "replace": {"make_groups": ONLY_OWN_GROUPS}, "loses": ["make_groups_tests"],
            "visible_says": ["not every rank created every group in the same order"]}),
     _seen({"name": "keeps this rank's index in each group instead of the group",
-           "replace": {"make_groups": RANKS_KEPT_INSTEAD_OF_GROUPS}, "loses": ["make_groups_tests"],
+           "replace": RANKS_KEPT_INSTEAD_OF_GROUPS, "loses": ["make_groups_tests"],
            "visible_says": ["grid.not_a_group"]}),
     _seen({"name": "groups not named dp / tp",
            "replace": {"make_groups": GROUPS_NOT_NAMED}, "loses": ["make_groups_tests"],
