@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -43,8 +43,8 @@ from dpmp_lab.render import Table, human_bytes
 from dpmp_lab.worker import device
 
 __all__ = ["AlphaBeta", "Interval", "Profile", "Sweep", "SweepRow", "Timing", "fit_alpha_beta",
-           "matmul_flops", "profile", "ring_steps", "sweep", "time_collective", "time_in_ranks",
-           "train_flops", "tree_steps"]
+           "matmul_flops", "profile", "ring_steps", "scaling", "sweep", "time_collective",
+           "time_in_ranks", "train_flops", "tree_steps"]
 
 RING_OPS = ("all_reduce", "all_gather", "reduce_scatter")
 
@@ -299,6 +299,22 @@ def fit_alpha_beta(rows: Iterable[Any], *, relative: bool = True) -> AlphaBeta:
                          "further apart, or more repeats")
     predicted = design @ solution
     return AlphaBeta(alpha, 1 / inverse_beta, tuple(((t - predicted) / t).tolist()))
+
+
+# -- scaling --------------------------------------------------------------------------------------
+
+
+def scaling(times: Mapping[int, float], *, weak: bool = False) -> dict[int, tuple[float, float]]:
+    """{N: (speed-up, efficiency)} from {N: seconds per step}, which must hold N = 1.
+
+    Strong scaling runs the same global batch on N ranks, weak scaling N times that batch (the
+    same batch per rank). The speed-up is work per second against one rank; the efficiency is
+    the time a perfect run would take (T(1) / N strong, T(1) weak) over the time measured."""
+    if 1 not in times:
+        raise ValueError(f"scaling needs the 1-rank time as its baseline; got ranks {sorted(times)}")
+    t1 = times[1]
+    return {n: ((n if weak else 1) * t1 / t, (t1 if weak else t1 / n) / t)
+            for n, t in times.items()}
 
 
 # -- FLOPs ----------------------------------------------------------------------------------------

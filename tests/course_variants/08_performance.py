@@ -28,6 +28,7 @@ RING_WHOLE_BUFFER_PER_STEP = _edit("ring_time", ("nbytes / (world_size * beta)",
 RING_N_STEPS_PER_PHASE = _edit("ring_time", (_RING, "steps = phases * world_size"))
 TREE_LOG_NOT_ROUNDED = _edit("ring_time", (_TREE, "rounds = 2 * math.log2(world_size)"))
 TREE_LOG_ROUNDED_DOWN = _edit("ring_time", (_TREE, "rounds = 2 * int(math.log2(world_size))"))
+TREE_ROUND_PER_RANK = _edit("ring_time", (_TREE, "rounds = 2 * world_size"))
 TREE_REDUCE_ONLY = _edit("ring_time", (_TREE, "rounds = math.ceil(math.log2(world_size))"))
 TREE_IN_CHUNKS = _edit("ring_time", ("return rounds * (alpha + nbytes / beta)",
                                      "return rounds * (alpha + nbytes / (world_size * beta))"))
@@ -125,6 +126,9 @@ WEAK_SPEED_UP_WITHOUT_THE_WORK = _edit("scaling", ("return {n: (n * t1 / t, t1 /
 STRONG_EFFICIENCY_NOT_DIVIDED = _edit("scaling", (
     "return {n: (t1 / t, t1 / t / n) for n, t in times.items()}",
     "return {n: (t1 / t, t1 / t) for n, t in times.items()}"))
+SCALING_FROM_THE_LIBRARY = _edit("scaling", (
+    "return {n: (t1 / t, t1 / t / n) for n, t in times.items()}",
+    "return dl.bench.scaling(times, weak=weak)"))
 # right, written another way
 SCALING_IN_A_LOOP = {"scaling": '''
 def scaling(times, weak=False):
@@ -195,6 +199,10 @@ VARIANTS = [
     _seen({"name": "tree: the reduce without the broadcast",
            "replace": TREE_REDUCE_ONLY, "loses": ["ring_time_tests"],
            "visible_says": ["the broadcast back down"]}),
+    _seen({"name": "tree: a round per rank, reduce and broadcast",
+           "replace": TREE_ROUND_PER_RANK, "loses": ["ring_time_tests"],
+           "visible_says": ["more than the model's: count the messages"],
+           "visible_never_says": ["the model counts"]}),
     _seen({"name": "tree rounds that send chunks of n / N",
            "replace": TREE_IN_CHUNKS, "loses": ["ring_time_tests"],
            "visible_says": ["a tree round sends a whole buffer"]}),
@@ -258,6 +266,9 @@ VARIANTS = [
     _seen({"name": "strong-scaling efficiency not divided by N",
            "replace": STRONG_EFFICIENCY_NOT_DIVIDED, "loses": ["scaling_tests"],
            "visible_says": ["a perfect run is N times faster"]}),
+    _seen({"name": "the library's scaling instead of one's own (switched off while graded)",
+           "replace": SCALING_FROM_THE_LIBRARY, "loses": ["scaling_tests"],
+           "visible_says": ["is switched off here"]}),
     # 6
     _seen({"name": "MFU with 6 Psi D only (attention's FLOPs missing)",
            "replace": MFU_WITHOUT_ATTENTION, "loses": ["mfu_tests"],
