@@ -82,8 +82,9 @@ class ClassReport:
 
 
 def failure_keys(ename: str, evalue: str) -> list[str]:
-    """The hint keys a failure carries, else one key: its exception and message with numbers
-    and bracketed lists masked, so that the same mistake on other inputs gets the same key."""
+    """The hint keys a failure carries, else one key: the words of its likely mistake, else its
+    exception and message, with numbers and bracketed lists masked, so that the same mistake
+    on other inputs gets the same key."""
     text = ANSI.sub("", evalue)
     keys = HINT_TAG.findall(text)
     if keys:
@@ -94,10 +95,19 @@ def failure_keys(ename: str, evalue: str) -> list[str]:
         return [TIMEOUT]
     if ename == "TamperingDetected":
         return [TAMPERING]
+    advice = re.search(r"Likely mistake: (.*)", text, re.S)
+    if advice:   # a hint without a key: the mistake it names, not the numbers before it
+        return [f"mistake: {_masked(advice.group(1))[:140]}"]
+    masked = _masked(text)
+    return [f"{ename}: {masked[:140]}" if masked else ename]
+
+
+def _masked(text: str) -> str:
+    """One line, with numbers and bracketed lists masked: the same words on other inputs."""
     masked = " ".join(NUMBER.sub("#", text).split())
     while BRACKETS.search(masked):
         masked = BRACKETS.sub("<...>", masked)
-    return [f"{ename}: {masked[:140]}" if masked else ename]
+    return masked
 
 
 def _first_errors(path: Path) -> dict[str, tuple[str, str]]:

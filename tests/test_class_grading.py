@@ -212,12 +212,16 @@ def test_bad_requests_are_refused_before_anything_runs(tmp_path):
         cli.main(["grade", NAME, "--jobs", "0"])
 
 
-def test_a_failure_is_keyed_by_its_hints_else_by_its_masked_message():
+def test_a_failure_is_keyed_by_its_hints_else_by_its_masked_advice_or_message():
     keys = class_report.failure_keys
     assert keys("CheckFailed", "bad\nLikely mistake: x\n[hint: comm.a] [hint: exercise.b]") == [
         "comm.a", "exercise.b"]
     assert keys("CheckFailed", "for n=10 over 4 ranks your rows are [[0, 1], [2]]: why") == (
         keys("CheckFailed", "for n=7 over 2 ranks your rows are [[0], [1, [2]]]: why"))
+    # a hint without a key: keyed by its words, whatever the numbers of the case before it
+    assert keys("CheckFailed", "x differs by 0.5 on rank 1\nLikely mistake: summed over 4 ranks") \
+        == keys("CheckFailed", "x differs by 2 on rank 3\nLikely mistake: summed over 2 ranks") \
+        == ["mistake: summed over # ranks"]
     assert keys("NotImplementedError", "") == [class_report.NOT_ATTEMPTED]
     assert keys("LaunchError", "rank 0 raised NotImplementedError") == [
         class_report.NOT_ATTEMPTED]
