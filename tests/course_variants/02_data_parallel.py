@@ -57,7 +57,32 @@ VARIANTS = [
     {"name": "sum of the gradients not divided by dp_size",
      "replace": _edit("dp_train_step", ("        p.grad /= world\n", "")),
      "loses": ["dp_train_step_tests"],
-     "visible": ["dp_train_step_tests"], "visible_says": ["every element is 2x the reference"]},
+     "visible": ["dp_train_step_tests"], "visible_says": ["every element is 3x the reference"]},
+    {"name": "the sum divided by 2, a number right on 2 ranks only",
+     "replace": _edit("dp_train_step", ("        p.grad /= world\n", "        p.grad /= 2\n")),
+     "loses": ["dp_train_step_tests"],
+     "visible": ["dp_train_step_tests"], "visible_says": ["dp.fixed_divisor"]},
+    {"name": "the learning rate divided instead of the gradient: p.grad keeps the sum",
+     "replace": _edit("dp_train_step", ("        p.grad /= world\n", ""),
+                      ("p -= lr * p.grad", "p -= lr / world * p.grad")),
+     "loses": ["dp_train_step_tests"],
+     "visible": ["dp_train_step_tests"], "visible_says": ["dp.grad_not_averaged"]},
+    {"name": "reduced onto rank 0 and broadcast back: right numbers, one rank does the work",
+     "replace": _edit("dp_train_step", (
+         "        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)\n",
+         "        dist.reduce(p.grad, dst=0, op=dist.ReduceOp.SUM)\n"
+         "        dist.broadcast(p.grad, src=0)\n")),
+     "loses": ["dp_train_step_tests"],
+     "visible": ["dp_train_step_tests"], "visible_says": ["dp.reduce_then_broadcast"]},
+    {"name": "right another way: the loss divided by the world size before backward",
+     "replace": _edit("dp_train_step", ("    loss.backward()\n", "    (loss / world).backward()\n"),
+                      ("        p.grad /= world\n", "")),
+     "loses": []},
+    {"name": "right another way: one average per gradient with ReduceOp.AVG",
+     "replace": _edit("dp_train_step", (
+         "        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)\n        p.grad /= world\n",
+         "        dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)\n")),
+     "loses": []},
     {"name": "no all-reduce: every rank steps with its local gradient",
      "replace": _edit("dp_train_step", (
          "        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)\n", "")),
@@ -84,7 +109,29 @@ VARIANTS = [
          "p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad))",
          "flat[offset:offset + p.numel()].view_as(p.grad)")),
      "loses": ["allreduce_gradients_flat_tests"],
-     "visible": ["allreduce_gradients_flat_tests"], "visible_says": ["copied back"]},
+     "visible": ["allreduce_gradients_flat_tests"],
+     "visible_says": ["stayed in the flat buffer", "dp.flat_not_back"]},
+    {"name": "vector_to_parameters: the averaged gradients written into the weights",
+     "replace": _edit("allreduce_gradients_flat", (
+         "    offset = 0\n"
+         "    for p in params:\n"
+         "        p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad))\n"
+         "        offset += p.numel()\n",
+         "    torch.nn.utils.vector_to_parameters(flat, params)\n")),
+     "loses": ["allreduce_gradients_flat_tests"],
+     "visible": ["allreduce_gradients_flat_tests"], "visible_says": ["dp.flat_not_back"]},
+    {"name": "the flat sum divided by 2, right on 2 ranks only",
+     "replace": _edit("allreduce_gradients_flat", ("flat /= dist.get_world_size()",
+                                                   "flat /= 2")),
+     "loses": ["allreduce_gradients_flat_tests"],
+     "visible": ["allreduce_gradients_flat_tests"], "visible_says": ["dp.fixed_divisor"]},
+    {"name": "right another way: the last parameter first, p.grad made a view of the buffer",
+     "replace": _edit("allreduce_gradients_flat", (
+         "params = [p for p in model.parameters() if p.grad is not None]",
+         "params = [p for p in model.parameters() if p.grad is not None][::-1]"), (
+         "        p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad))\n",
+         "        p.grad = flat[offset:offset + p.numel()].view_as(p)\n")),
+     "loses": []},
     # -- 5 OverlappingDP ------------------------------------------------------------------------
     {"name": "sync after backward (in finish) instead of from the gradient hooks",
      "replace": _edit("overlapping_dp",
@@ -142,13 +189,37 @@ VARIANTS = [
          "        (F.mse_loss(model(xs[k]), ys[k]) / n_micro).backward()\n"
          "        model.finish_gradient_sync()\n")),
      "loses": ["accumulation_step_tests"],
-     "visible": ["accumulation_step_tests"]},
+     "visible": ["accumulation_step_tests"], "visible_says": ["dp.accumulation_every_backward"]},
     {"name": "no_sync forgotten: every micro-batch's backward sends its buckets",
      "replace": _edit("accumulation_step", (
          "with contextlib.nullcontext() if last else model.no_sync():",
          "with contextlib.nullcontext():")),
      "loses": ["accumulation_step_tests"],
-     "visible": ["accumulation_step_tests"], "visible_says": ["inside `with model.no_sync():`"]},
+     "visible": ["accumulation_step_tests"],
+     "visible_says": ["sent but never averaged", "dp.accumulation_every_backward"]},
+    {"name": "the first backward sends, the later ones run inside no_sync",
+     "replace": _edit("accumulation_step", ("last = k == n_micro - 1", "last = k == 0")),
+     "loses": ["accumulation_step_tests"],
+     "visible": ["accumulation_step_tests"], "visible_says": ["dp.accumulation_sent_early"]},
+    {"name": "every backward inside no_sync: nothing is ever sent",
+     "replace": _edit("accumulation_step", (
+         "with contextlib.nullcontext() if last else model.no_sync():", "with model.no_sync():")),
+     "loses": ["accumulation_step_tests"],
+     "visible": ["accumulation_step_tests"], "visible_says": ["dp.accumulation_never_sent"]},
+    {"name": "gradients never zeroed: step 2 adds to step 1's gradient",
+     "replace": _edit("accumulation_step", ("    model.zero_grad()\n", "")),
+     "loses": ["accumulation_step_tests"],
+     "visible": ["accumulation_step_tests"], "visible_says": ["dp.accumulation_carry_over"]},
+    {"name": "right another way: full losses, the averaged sum divided by n_micro after sync",
+     "replace": _edit("accumulation_step", (
+         "(F.mse_loss(model(xs[k]), ys[k]) / n_micro).backward()",
+         "F.mse_loss(model(xs[k]), ys[k]).backward()"), (
+         "    model.finish_gradient_sync()\n",
+         "    model.finish_gradient_sync()\n"
+         "    with torch.no_grad():\n"
+         "        for p in model.parameters():\n"
+         "            p.grad /= n_micro\n")),
+     "loses": []},
     {"name": "micro-batch losses not divided by the number of micro-batches",
      "replace": _edit("accumulation_step", (
          "(F.mse_loss(model(xs[k]), ys[k]) / n_micro).backward()",
@@ -179,11 +250,42 @@ VARIANTS = [
          "dist.all_gather_single(weights, shard)",
          "weights[self.lo:self.lo + self.shard_size] = shard")),
      "loses": ["sharded_momentum_sgd_tests"],
-     "visible": ["sharded_momentum_sgd_tests"], "visible_says": ["all-gather of the updated"]},
+     "visible": ["sharded_momentum_sgd_tests"],
+     "visible_says": ["not only of its own", "dp.zero1_shards_spread"]},
     {"name": "ZeRO-1 reduce-scatter sum not divided by the world size",
      "replace": _edit("sharded_momentum_sgd", ("        grad_shard /= self.world\n", "")),
      "loses": ["sharded_momentum_sgd_tests"],
-     "visible": ["sharded_momentum_sgd_tests"], "visible_says": ["every element is 2x the reference"]},
+     "visible": ["sharded_momentum_sgd_tests"], "visible_says": ["every element is 3x the reference"]},
+    {"name": "ZeRO-1 momentum made afresh in every step (no state carried over)",
+     "replace": _edit("sharded_momentum_sgd", (
+         "self.momentum.mul_(self.mu).add_(grad_shard)",
+         "momentum = torch.zeros_like(self.momentum).mul_(self.mu).add_(grad_shard)"), (
+         "- self.lr * self.momentum", "- self.lr * momentum")),
+     "loses": ["sharded_momentum_sgd_tests"],
+     "visible": ["sharded_momentum_sgd_tests"], "visible_says": ["dp.zero1_state"]},
+    {"name": "ZeRO-1 weights split back without dropping the padding (right when N divides)",
+     "replace": _edit("sharded_momentum_sgd", (
+         "        offset = 0\n"
+         "        for p in self.params:\n"
+         "            p.copy_(weights[offset:offset + p.numel()].view_as(p))\n"
+         "            offset += p.numel()\n",
+         "        for p, w in zip(self.params, weights.split([p.numel() for p in self.params])):\n"
+         "            p.copy_(w.view_as(p))\n")),
+     "loses": ["sharded_momentum_sgd_tests"],
+     "visible": ["sharded_momentum_sgd_tests"], "visible_says": ["dp.zero1_padding"]},
+    {"name": "right another way: gradients divided before the reduce-scatter, split views",
+     "replace": _edit("sharded_momentum_sgd", (
+         "self.flat([p.grad for p in self.params]),",
+         "self.flat([p.grad for p in self.params]) / self.world,"),
+         ("        grad_shard /= self.world\n", ""), (
+         "        offset = 0\n"
+         "        for p in self.params:\n"
+         "            p.copy_(weights[offset:offset + p.numel()].view_as(p))\n"
+         "            offset += p.numel()\n",
+         "        for p, w in zip(self.params,\n"
+         "                        weights[:self.numel].split([p.numel() for p in self.params])):\n"
+         "            p.copy_(w.view_as(p))\n")),
+     "loses": []},
     {"name": "ZeRO-1 momentum as a moving average: buf = mu * buf + (1 - mu) * g",
      "replace": _edit("sharded_momentum_sgd", (
          "self.momentum.mul_(self.mu).add_(grad_shard)",
