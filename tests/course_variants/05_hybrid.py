@@ -356,7 +356,8 @@ VARIANTS = [
     _seen({"name": "dense loss on vocab-sharded logits",
            "replace": TRAIN_DENSE_LOSS_ON_SHARDS, "loses": _HYBRID}),
     _seen({"name": "the model split over the dp group",
-           "replace": MODEL_SPLIT_OVER_DP, "loses": _HYBRID}),
+           "replace": MODEL_SPLIT_OVER_DP, "loses": _HYBRID,
+           "visible_says": ["hybrid.model_group"]}),
     # right answers written another way keep every point: the checks test behaviour
     {"name": "right: groups from blocks and strides of ranges",
      "replace": GROUPS_ANOTHER_WAY, "loses": []},
