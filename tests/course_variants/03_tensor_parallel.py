@@ -9,9 +9,22 @@ prove it by losing nothing else. `visible` names the test cells a learner sees f
 hand-in (hidden tests stripped), `visible_says` words of the hint they show.
 """
 
-from tests.course_variants import solution_editor
+import json
+import re
+
+from tests.course_variants import SOLUTIONS, solution_editor
 
 _edit = solution_editor("03_tensor_parallel")
+
+
+def _blank(grade_id: str) -> dict[str, str]:
+    """The solution cell `grade_id` as the release hands it out: every solution block raises."""
+    path = SOLUTIONS / "03_tensor_parallel" / "03_tensor_parallel.ipynb"
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    [src] = ["".join(c["source"]) for c in cells
+             if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == grade_id]
+    return {grade_id: re.sub(r"( *)### BEGIN SOLUTION\n.*?### END SOLUTION",
+                             r"\1raise NotImplementedError()", src, flags=re.S)}
 
 
 COLUMN = ["column_tests", "column_comm_tests"]
@@ -21,7 +34,7 @@ ATTENTION = ["attention_tests", "attention_comm_tests"]
 SEQUENCE = ["sequence_parallel_tests", "sequence_parallel_comm_tests"]
 RECALL = {"answer_param_sync": 'q_param_sync = "c"', "answer_f_backward": 'q_f_backward = "a"',
           "answer_group_rank": 'q_group_rank = "d"', "answer_what_tp_sends": 'q_what_tp_sends = "b"',
-          "answer_sp_bytes": 'q_sp_bytes = "c"', "answer_ring_mib": "q_ring_mib = 224",
+          "answer_sp_bytes": 'q_sp_norm_grad = "c"', "answer_ring_mib": "q_ring_mib = 224",
           "answer_predict_params": "predict_rank_params = 144"}
 
 
@@ -72,6 +85,9 @@ VARIANTS = [
          "    return W[:, i * width:(i + 1) * width].contiguous()",
          "    return W.chunk(tp, 1)[dist.get_rank()].contiguous()")),
      "loses": COLUMN, "visible": COLUMN, "visible_says": ["tp.group_rank"]},
+    {"name": "column_shard sized for a group of 2 (hard-coded tp = 2; the tp = 4 check shows it)",
+     "replace": _edit("column", ("    width = W.shape[1] // tp\n", "    width = W.shape[1] // 2\n")),
+     "loses": COLUMN, "visible": ["column_tests"], "visible_says": ["tp.group_size"]},
     {"name": "dX summed over all ranks: the all_reduce without group=",
      "replace": _edit("column", (
          "    dist.all_reduce(dX, op=dist.ReduceOp.SUM, group=group)\n",
@@ -145,6 +161,31 @@ VARIANTS = [
          "        return grad, None")),
      "loses": ["f_and_g_comm_tests"], "visible": ["f_and_g_comm_tests"],
      "visible_says": ["whose elements share memory"]},
+    {"name": "f's backward averages the group's gradients instead of summing them",
+     "replace": _edit("f_and_g", (
+         "        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=ctx.group)\n"
+         "        return total, None",
+         "        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=ctx.group)\n"
+         "        return total / dist.get_world_size(ctx.group), None")),
+     "loses": ["f_and_g_tests"], "visible": ["f_and_g_tests"],
+     "visible_says": ["tp.f_backward_mean"]},
+    {"name": "g's backward hands each rank 1/tp of the gradient",
+     "replace": _edit("f_and_g", (
+         "        return grad, None\n        ### END SOLUTION\n\n\ndef copy_to_tp_region",
+         "        return grad / dist.get_world_size(ctx.group), None\n"
+         "        ### END SOLUTION\n\n\ndef copy_to_tp_region"),
+         ("        total = x.clone()\n", "        ctx.group = group\n        total = x.clone()\n")),
+     "loses": ["f_and_g_tests"], "visible": ["f_and_g_tests"],
+     "visible_says": ["tp.g_backward_split"]},
+    {"name": "right answer another way: f returns a view, copies made another way",
+     "replace": _edit("f_and_g",
+                      ("        ctx.group = group\n        return x",
+                       "        ctx.group = group\n        return x.view_as(x)"),
+                      ("        total = grad.clone()\n",
+                       "        total = torch.empty_like(grad, memory_format=torch.contiguous_format)"
+                       "\n        total.copy_(grad)\n"),
+                      ("        total = x.clone()\n", "        total = x.detach().contiguous().clone()\n")),
+     "loses": []},
     # -- Exercise 3: column then row --
     {"name": "no f in front of the column layer: x's gradient is this rank's own term",
      "replace": _edit("mlp", ("F.linear(copy_to_tp_region(x, self.group), self.weight, self.bias)",
@@ -189,6 +230,21 @@ VARIANTS = [
                        "        cols = ")),
      "loses": ["mlp_tests"], "visible": ["mlp_tests"],
      "visible_says": ["dist.get_rank(group), the rank inside the group"]},
+    {"name": "both layers sized for a group of 2 (hard-coded tp = 2; the tp = 4 check shows it)",
+     "replace": _edit("mlp",
+                      ("        tp, i = dist.get_world_size(group), dist.get_rank(group)\n"
+                       "        rows = ",
+                       "        tp, i = 2, dist.get_rank(group)\n"
+                       "        rows = "),
+                      ("        tp, i = dist.get_world_size(group), dist.get_rank(group)\n"
+                       "        cols = ",
+                       "        tp, i = 2, dist.get_rank(group)\n"
+                       "        cols = ")),
+     # the partial sums still add up to y at tp = 4 (ranks 2 and 3 hold empty shards), and the
+     # all-reduces carry the same bytes: only the shards' shapes show it
+     "loses": ["mlp_tests"], "visible": ["mlp_tests"], "visible_says": ["tp.group_size"]},
+    {"name": "Exercise 3 not attempted: the tests of Exercises 4 and 5 still run on their own",
+     "replace": _blank("mlp"), "loses": MLP, "visible": MLP},
     {"name": "the library's layers instead of the learner's own (switched off while graded)",
      "replace": _edit("mlp",
                       ("        self.fc1 = MyColumnParallelLinear(mlp.fc1, group)\n"
@@ -236,11 +292,43 @@ VARIANTS = [
          "self.v))",
          "        q, k, v = self.q(x), self.k(x), self.v(x)")),
      "loses": ["attention_comm_tests"], "visible": ["attention_comm_tests"],
-     "visible_says": ["one f in front of all three"]},
+     "visible_says": ["tp.attn_one_f"]},
     {"name": "attention without f: x's gradient is this rank's own term",
      "replace": _edit("attention", (
          "        x = copy_to_tp_region(x, self.group)      # one f for q, k and v\n", "")),
      "loses": ATTENTION, "visible": ATTENTION, "visible_says": ["tp.missing_f"]},
+    {"name": "output projection cut by its output features too (column-parallel)",
+     "replace": _edit("attention", ("        self.o = MyRowParallelLinear(attn.o, group)",
+                                    "        self.o = MyColumnParallelLinear(attn.o, group)")),
+     "loses": ATTENTION, "visible": ATTENTION, "visible_says": ["tp.attn_split_kinds"]},
+    {"name": "q, k and v cut by their input features (row-parallel), o by its output features",
+     "replace": _edit("attention",
+                      ("        self.q = MyColumnParallelLinear(attn.q, group)\n"
+                       "        self.k = MyColumnParallelLinear(attn.k, group)\n"
+                       "        self.v = MyColumnParallelLinear(attn.v, group)\n"
+                       "        self.o = MyRowParallelLinear(attn.o, group)",
+                       "        self.q = MyRowParallelLinear(attn.q, group)\n"
+                       "        self.k = MyRowParallelLinear(attn.k, group)\n"
+                       "        self.v = MyRowParallelLinear(attn.v, group)\n"
+                       "        self.o = MyColumnParallelLinear(attn.o, group)")),
+     "loses": ATTENTION, "visible": ATTENTION, "visible_says": ["tp.attn_split_kinds"]},
+    {"name": "the output summed over the group again after the row-parallel projection",
+     "replace": _edit("attention", (
+         "        return self.o(dl.models.attend(q, k, v, self.head_dim))",
+         "        return reduce_from_tp_region(self.o(dl.models.attend(q, k, v, self.head_dim)),\n"
+         "                                     self.group)")),
+     "loses": ATTENTION, "visible": ATTENTION, "visible_says": ["tp.attn_double_g"]},
+    {"name": "right answer another way: q, k and v fused into one matrix behind one f",
+     "replace": _edit("attention", (
+         "        x = copy_to_tp_region(x, self.group)      # one f for q, k and v\n"
+         "        q, k, v = (F.linear(x, lin.weight, lin.bias) for lin in (self.q, self.k, "
+         "self.v))",
+         "        lins = (self.q, self.k, self.v)\n"
+         "        qkv = F.linear(copy_to_tp_region(x, self.group),\n"
+         "                       torch.cat([lin.weight for lin in lins]),\n"
+         "                       torch.cat([lin.bias for lin in lins]))\n"
+         "        q, k, v = qkv.chunk(3, dim=-1)")),
+     "loses": []},
     {"name": "checks that d_model splits instead of the heads",
      "replace": _edit("attention", (
          "        if attn.n_heads % tp:\n", "        if attn.q.out_features % tp:\n")),
@@ -292,7 +380,7 @@ VARIANTS = [
                  **_recall("answer_f_backward", 'q_f_backward = "b"'),
                  **_recall("answer_group_rank", 'q_group_rank = "a"'),
                  **_recall("answer_what_tp_sends", 'q_what_tp_sends = "c"'),
-                 **_recall("answer_sp_bytes", 'q_sp_bytes = "a"'),
+                 **_recall("answer_sp_bytes", 'q_sp_norm_grad = "a"'),
                  **_recall("answer_ring_mib", "q_ring_mib = 128"),
                  **_recall("answer_predict_params", "predict_rank_params = 138")},
      "loses": ["recall_param_sync", "recall_f_backward", "recall_group_rank",

@@ -194,6 +194,24 @@ ALL_REDUCE_OVER_EVERY_RANK = _edit(
     "dp_pp", ("        dist.all_reduce(flat, group=grid.dp_group)",
               "        dist.all_reduce(flat)"))
 
+MEAN_OVER_THE_WORLD = _edit("dp_pp", ("        flat /= grid.dp\n",
+                                      "        flat /= dist.get_world_size()\n"))
+
+OVER_THE_PIPELINE_GROUP = _edit(
+    "dp_pp", ("        dist.all_reduce(flat, group=grid.dp_group)",
+              "        dist.all_reduce(flat, group=grid.pp_group)"))
+
+NO_SYNC = _edit("dp_pp", ("    dl.pp.run_schedule(\"1f1b\", stage, x, y, n_microbatches=m, loss_fn=F.mse_loss,\n"
+                          "                       after_last_backward=average_over_replicas)",
+                          "    dl.pp.run_schedule(\"1f1b\", stage, x, y, n_microbatches=m, loss_fn=F.mse_loss)"))
+
+# right, written another way: the exchange once run_schedule has returned (every send delivered)
+SYNC_AFTER_THE_RUNNER_RETURNS = _edit(
+    "dp_pp", ("    dl.pp.run_schedule(\"1f1b\", stage, x, y, n_microbatches=m, loss_fn=F.mse_loss,\n"
+              "                       after_last_backward=average_over_replicas)",
+              "    dl.pp.run_schedule(\"1f1b\", stage, x, y, n_microbatches=m, loss_fn=F.mse_loss)\n"
+              "    average_over_replicas()"))
+
 DATAPARALLEL_FROM_THE_LIBRARY = {"dp_pp": '''
 def dp_pp_step(grid, module, x, y, m):
     """The library's DataParallel (no overlap: one sync when asked) around the stage."""
@@ -288,7 +306,18 @@ VARIANTS = [
      "visible": ["dp_pp_comm_tests"], "visible_says": ["one per parameter tensor"]},
     {"name": "DP x PP: all-reduce over every rank instead of the dp group",
      "replace": ALL_REDUCE_OVER_EVERY_RANK, "loses": ["dp_pp_tests", "dp_pp_comm_tests"],
-     "visible": ["dp_pp_tests", "dp_pp_comm_tests"]},
+     "visible": ["dp_pp_tests", "dp_pp_comm_tests"], "visible_says": ["pp.dp_sync_group"]},
+    {"name": "DP x PP: the replicas' sum divided by the world size, not by dp",
+     "replace": MEAN_OVER_THE_WORLD, "loses": ["dp_pp_tests"], "visible": ["dp_pp_tests"],
+     "visible_says": ["pp.dp_mean_world"]},
+    {"name": "DP x PP: gradients exchanged over the pipeline group (the other stage)",
+     "replace": OVER_THE_PIPELINE_GROUP, "loses": ["dp_pp_tests", "dp_pp_comm_tests"],
+     "visible": ["dp_pp_tests", "dp_pp_comm_tests"], "visible_says": ["pp.dp_sync_group"]},
+    {"name": "DP x PP: no exchange at all, each replica keeps its half-batch gradients",
+     "replace": NO_SYNC, "loses": ["dp_pp_tests", "dp_pp_comm_tests"],
+     "visible": ["dp_pp_tests", "dp_pp_comm_tests"], "visible_says": ["pp.dp_no_sync"]},
+    {"name": "DP x PP, right another way: the exchange after run_schedule returns",
+     "replace": SYNC_AFTER_THE_RUNNER_RETURNS, "loses": []},
     {"name": "DP x PP, right another way: buckets from hooks during the last backward",
      "replace": BUCKETS_DURING_THE_LAST_BACKWARD, "loses": []},
     {"name": "DP x PP: the library's DataParallel (switched off while graded)",
