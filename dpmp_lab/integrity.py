@@ -35,15 +35,15 @@ from typing import Any
 # modules whose functions and classes are the grader's (plus what dpmp_lab re-exports)
 GUARDED_MODULES = ("dpmp_lab", "dpmp_lab.check", "dpmp_lab.check.communication",
                    "dpmp_lab.check.failed", "dpmp_lab.check.hints", "dpmp_lab.check.numbers",
-                   "dpmp_lab.check.references", "dpmp_lab.trace", "dpmp_lab.launch",
-                   "dpmp_lab.ranks", "dpmp_lab.failures", "dpmp_lab.protocol",
-                   "dpmp_lab.lines", "dpmp_lab.starting", "dpmp_lab.receiving",
-                   "dpmp_lab.stacks", "dpmp_lab.processes",
-                   "dpmp_lab.worker", "dpmp_lab.audit", "dpmp_lab.serialize",
+                   "dpmp_lab.check.references", "dpmp_lab.trace", "dpmp_lab.launcher.launch",
+                   "dpmp_lab.launcher.supervisor", "dpmp_lab.launcher.failures", "dpmp_lab.launcher.protocol",
+                   "dpmp_lab.launcher.lines", "dpmp_lab.launcher.starting", "dpmp_lab.launcher.receiving",
+                   "dpmp_lab.launcher.stacks", "dpmp_lab.launcher.processes",
+                   "dpmp_lab.launcher.worker", "dpmp_lab.launcher.audit", "dpmp_lab.launcher.serialize",
                    "dpmp_lab.integrity", "torch.distributed",
                    "torch.distributed.distributed_c10d")
 GUARDED_CLASSES = ("dpmp_lab.trace.Trace", "dpmp_lab.trace.CommEvent",
-                   "dpmp_lab.trace._Recorder", "dpmp_lab.launch.LaunchResult",
+                   "dpmp_lab.trace._Recorder", "dpmp_lab.launcher.launch.LaunchResult",
                    "dpmp_lab.check.CheckFailed")
 
 _snapshot: dict[tuple[str, str], Any] = {}

@@ -111,7 +111,7 @@ def _via_facade(parts: list[str], root: str, modules: dict[str, Path],
     """The module that `dl.a.b...` (parts ["a", "b", ...]) stands for: the deepest submodule
     it names, or the module the facade took the name `a` from; None for a name the facade
     defines itself. The facade's own binding wins, as it does at run time (`dl.launch` is the
-    function, though dpmp_lab.launch is a module too)."""
+    function, though dpmp_lab.launcher.launch is a module too)."""
     bound = facade.get(parts[0])
     if bound is not None and bound != f"{root}.{parts[0]}":
         return bound

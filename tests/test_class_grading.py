@@ -19,8 +19,9 @@ import shutil
 import pytest
 import torch
 
-from dpmp_lab import class_report, cli, course, grading, grading_job, sandbox
+from dpmp_lab import cli
 from dpmp_lab.check import hints
+from dpmp_lab.instructor import class_report, course, grading, grading_job, sandbox
 
 from .grading_class import (
     AGAIN,

@@ -17,7 +17,8 @@ import shutil
 import nbformat
 import pytest
 
-from dpmp_lab import class_report, cli, course, grading, grading_job, nbgrader_plugin, sandbox
+from dpmp_lab import cli
+from dpmp_lab.instructor import class_report, course, grading, grading_job, nbgrader_plugin, sandbox
 
 from .conftest import ROOT
 from .grading_class import (

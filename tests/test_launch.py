@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 import dpmp_lab as dl
-from dpmp_lab import processes
+from dpmp_lab.launcher import processes
 
 from .conftest import ROOT, open_fds, stray_processes
 
@@ -552,7 +552,7 @@ def test_point_to_point_deadlock_is_named_as_one_not_as_a_collective():
                                     "matching recv"), f.message
     assert "collective" not in info.value.hint and "isend/irecv" in info.value.hint
     # the same reading of a stack that faulthandler dumped on a launch timeout
-    from dpmp_lab.failures import p2p_wait as _p2p_wait
+    from dpmp_lab.launcher.failures import p2p_wait as _p2p_wait
     stuck = ('  File "/x/torch/distributed/distributed_c10d.py", line 9, in recv\n'
              '  File "/x/torch/distributed/distributed_c10d.py", line 9, in wait\n')
     assert _p2p_wait('  File "cell", line 3, in f\n' + stuck) is None   # innermost is wait
@@ -706,7 +706,7 @@ def test_ranks_die_with_a_killed_kernel():
 
 
 def test_progress_is_shown_only_inside_ipython():
-    from dpmp_lab.progress import Progress
+    from dpmp_lab.launcher.progress import Progress
 
     p = Progress(2, enabled=True)
     assert not p.active   # a script or pytest: plain output only

@@ -31,18 +31,19 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dpmp_lab import integrity, serialize, worker
+from dpmp_lab import integrity
 from dpmp_lab._helpers import positive_seconds, short_repr, whole_number
-from dpmp_lab.failures import (
+from dpmp_lab.launcher import serialize, worker
+from dpmp_lab.launcher.failures import (
     UNGUARDED_EXIT,
     LaunchError,
     LaunchTimeout,
     RankFailure,
     UnguardedLaunch,
 )
-from dpmp_lab.protocol import MAX_RESULT_BYTES
-from dpmp_lab.ranks import Launch, Request
-from dpmp_lab.starting import PRELOAD, START_METHODS, WARM_ENV, importing_main, warm_up
+from dpmp_lab.launcher.protocol import MAX_RESULT_BYTES
+from dpmp_lab.launcher.starting import PRELOAD, START_METHODS, WARM_ENV, importing_main, warm_up
+from dpmp_lab.launcher.supervisor import Launch, Request
 
 __all__ = [  # the launcher's public names, wherever they are defined
     "AUDIT_ENV", "BACKENDS", "LOG_ENV", "PRELOAD", "START_METHODS", "WARM_ENV", "LaunchError",
@@ -140,7 +141,7 @@ def launch(
                   while it runs: a widget in Jupyter, text elsewhere in IPython (default: when
                   streaming in IPython; never outside IPython).
     device_audit: run on the CPU as if each rank had a GPU, and fail where the code would put
-                  data on the wrong device there (see dpmp_lab/audit.py). Default: on when the
+                  data on the wrong device there (see dpmp_lab/launcher/audit.py). Default: on when the
                   environment has DPMP_LAB_DEVICE_AUDIT=1.
     max_result_bytes: the most one rank may return, pickled (default 256 MiB): past it the rank
                   fails with its result's size, and the notebook never reads it.

@@ -40,9 +40,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dpmp_lab import audit, collective_inputs, integrity, processes, serialize, trace
+from dpmp_lab import integrity, trace
 from dpmp_lab._helpers import group_ready
-from dpmp_lab.protocol import MAX_RESULT_BYTES, Message, Raised, Returned, Started
+from dpmp_lab.launcher import audit, collective_inputs, processes, serialize
+from dpmp_lab.launcher.protocol import MAX_RESULT_BYTES, Message, Raised, Returned, Started
 from dpmp_lab.render import human_bytes
 
 REAP_S = 1.0  # at the end of a rank: time for the processes it killed to end

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dpmp_lab._helpers import tail
+from dpmp_lab._helpers import PACKAGE_HOME, tail
 
 ASSIGNMENT = re.compile(r"\d\d_[a-z0-9_]+")
 COURSE_ID = "dpmp_lab"   # as nbgrader_config.py names the course in the gradebook
@@ -24,7 +24,7 @@ COURSE_ID = "dpmp_lab"   # as nbgrader_config.py names the course in the gradebo
 
 def repo_root() -> Path:
     """The checkout this package runs from (the folder holding solutions/ and course/)."""
-    root = Path(__file__).resolve().parent.parent
+    root = PACKAGE_HOME
     if not (root / "solutions").is_dir():
         raise RuntimeError(f"no solutions/ folder next to dpmp_lab in {root}: the course "
                            "commands need a checkout of the project, not an installed wheel")

@@ -20,11 +20,11 @@ from pathlib import Path
 
 from nbgrader.api import Gradebook, MissingEntry
 
-from dpmp_lab import processes
-from dpmp_lab.course import COURSE_ID, gradebook_url
-from dpmp_lab.limits import Cgroups, Limits, disk_used, enter_command
+from dpmp_lab._helpers import PACKAGE_HOME
+from dpmp_lab.instructor.course import COURSE_ID, gradebook_url
+from dpmp_lab.instructor.limits import Cgroups, Limits, disk_used, enter_command
+from dpmp_lab.launcher import processes
 
-PACKAGE_HOME = Path(__file__).resolve().parent.parent
 REPORT = "dpmp-report.json"   # what GuardedExecute found, in the job's scratch course
 MAX_FILES = 20000             # files a submission may make before its job is stopped
 
@@ -173,7 +173,7 @@ def _scratch_root(name: str, student: str, folder: Path, settings: Settings) -> 
 
 
 def _job_config(settings: Settings, scratch: Path, sockets: str) -> str:
-    """The course's nbgrader_config.py, then what this job adds (dpmp_lab.nbgrader_plugin)."""
+    """The course's nbgrader_config.py, then what this job adds (dpmp_lab.instructor.nbgrader_plugin)."""
     job = {"sandbox": settings.sandbox, "report_path": str(scratch / REPORT),
            "cell_output_bytes": settings.limits.cell_output_kb * 1024,
            "notebook_output_bytes": settings.limits.notebook_output_mb * 2**20,
@@ -181,7 +181,7 @@ def _job_config(settings: Settings, scratch: Path, sockets: str) -> str:
            "hidden": [str(settings.root), str(settings.base)]}
     return ((settings.root / "nbgrader_config.py").read_text()
             + "\n\n# -- added by `dpmp-lab grade` for this one job\n"
-            + "from dpmp_lab.nbgrader_plugin import configure as _dpmp_configure  # noqa\n"
+            + "from dpmp_lab.instructor.nbgrader_plugin import configure as _dpmp_configure  # noqa\n"
             + f"_dpmp_configure(c, {job!r})\n")
 
 

@@ -38,11 +38,18 @@ from pathlib import Path
 from nbgrader.api import Gradebook, MissingEntry
 from sqlalchemy.exc import SAWarning
 
-from dpmp_lab import sandbox
-from dpmp_lab.course import assignments, gradebook_url, nbgrader, repo_root
-from dpmp_lab.grading_job import Outcome, Running, Settings, fingerprint, grade_one, open_gradebook
-from dpmp_lab.launch import usable_cores
-from dpmp_lab.limits import Cgroups, Limits, held_text
+from dpmp_lab.instructor import sandbox
+from dpmp_lab.instructor.course import assignments, gradebook_url, nbgrader, repo_root
+from dpmp_lab.instructor.grading_job import (
+    Outcome,
+    Running,
+    Settings,
+    fingerprint,
+    grade_one,
+    open_gradebook,
+)
+from dpmp_lab.instructor.limits import Cgroups, Limits, held_text
+from dpmp_lab.launcher.launch import usable_cores
 
 STATE = ".dpmp_grading"        # {assignment}.json: what was graded, from which files
 UNSANDBOXED = ("WARNING: grading WITHOUT the sandbox (--no-sandbox): every submission's code "
