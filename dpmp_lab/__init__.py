@@ -14,6 +14,7 @@ import dpmp_lab.fsdp as fsdp
 import dpmp_lab.moe as moe
 from dpmp_lab import check, collectives, cost, dp, hybrid, integrity, models, pp, tp, viz
 from dpmp_lab.compat import provide_new_collective_names
+from dpmp_lab.context import device, rank, world_size
 from dpmp_lab.grid import GridLayout, ProcessGrid
 from dpmp_lab.launcher import starting
 from dpmp_lab.launcher.launch import (
@@ -24,7 +25,6 @@ from dpmp_lab.launcher.launch import (
     launch,
     visible_gpus,
 )
-from dpmp_lab.launcher.worker import device, rank, world_size
 from dpmp_lab.trace import CommEvent, Trace, name_group, trace
 
 provide_new_collective_names()   # torch 2.13's all_gather_single etc. on older torch too

@@ -37,8 +37,8 @@ from typing import Any, NamedTuple
 import torch
 import torch.distributed as dist
 
+from dpmp_lab.context import device
 from dpmp_lab.launcher.launch import launch
-from dpmp_lab.launcher.worker import device
 from dpmp_lab.profiling import Interval, Profile, profile
 from dpmp_lab.render import Table, human_bytes
 

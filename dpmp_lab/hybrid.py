@@ -32,10 +32,10 @@ import torch.distributed as dist
 from dpmp_lab import models
 from dpmp_lab import pp as pipeline
 from dpmp_lab import tp as tensor_parallel
+from dpmp_lab.context import device as rank_device
+from dpmp_lab.context import nccl_backend
 from dpmp_lab.dp import DataParallel
 from dpmp_lab.grid import ProcessGrid
-from dpmp_lab.launcher.worker import device as rank_device
-from dpmp_lab.launcher.worker import nccl_backend
 from dpmp_lab.models import GPTConfig, TinyGPT
 
 SMALL = GPTConfig(vocab_size=32, seq_len=8, d_model=16, n_heads=4, n_layers=2, d_ff=32)

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch.profiler import ProfilerActivity
 from torch.profiler import profile as torch_profile
 
-from dpmp_lab.launcher.worker import device
+from dpmp_lab.context import device
 
 __all__ = ["Interval", "Profile", "intervals_from_events", "profile"]
 

@@ -33,7 +33,8 @@ import torch.distributed as dist
 
 from dpmp_lab import integrity
 from dpmp_lab._helpers import positive_seconds, short_repr, whole_number
-from dpmp_lab.launcher import serialize, worker
+from dpmp_lab.context import nccl_backend
+from dpmp_lab.launcher import serialize
 from dpmp_lab.launcher.failures import (
     UNGUARDED_EXIT,
     LaunchError,
@@ -181,7 +182,7 @@ def launch(
 
 
 def _initialised_backend(request: Request) -> str:
-    return worker.nccl_backend() if request.backend == "nccl" else request.backend
+    return nccl_backend() if request.backend == "nccl" else request.backend
 
 
 def _log_launch(request: Request, outcome: str) -> None:

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dpmp_lab._helpers import group_ready, whole_number
-from dpmp_lab.launcher.worker import device as rank_device
+from dpmp_lab.context import device as rank_device
 from dpmp_lab.pp.schedules import Schedule, Span, make_schedule
 
 # -- splitting a model into stages ------------------------------------------------------------
