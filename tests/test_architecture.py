@@ -17,7 +17,10 @@ new maintainer can read top to bottom.
    starting with the marker WHOLE, e.g. "Why it stays whole: the hook and the events it makes
    are one mechanism ...". Otherwise split it where it has a seam.
 3. dpmp_lab.render, the drawing primitives every module may use, imports nothing from dpmp_lab.
-4. The layers: LAYERS below gives every module its layer, and a module imports only from its own
+4. A name with a leading underscore is its module's own: no other module of the package imports
+   it (`from dpmp_lab.x import _name`) or reads it from the module (`x._name`); a name that
+   several modules use is public.
+5. The layers: LAYERS below gives every module its layer, and a module imports only from its own
    layer or below. ARCHITECTURE.md draws the same map: every entry of LAYERS is named on the
    line of its layer there.
 """
@@ -379,6 +382,53 @@ def test_architecture_md_draws_the_layers_of_the_code():
                            f"{', a package' if package else ''})")
     assert not missing, ("ARCHITECTURE.md does not name these on the line of their layer:\n  "
                          + "\n  ".join(missing))
+
+
+def private_names_used_elsewhere(package_dir: Path) -> list[str]:
+    """`module: what` for every private name of one module that another module imports or
+    reads as module._name (an instance's private attributes are not counted)."""
+    modules = find_modules(package_dir)
+    root = package_dir.name
+    found = []
+    for module, path in modules.items():
+        tree = ast.parse(path.read_text())
+        aliases: dict[str, str] = {}
+        for node, _ in _imports(tree):
+            if isinstance(node, ast.ImportFrom):
+                source = _absolute(node, module, path.name == "__init__.py")
+                if source.split(".")[0] != root:
+                    continue
+                for alias in node.names:
+                    if f"{source}.{alias.name}" in modules:
+                        aliases[alias.asname or alias.name] = f"{source}.{alias.name}"
+                    elif alias.name.startswith("_") and not alias.name.startswith("__"):
+                        found.append(f"{module}: from {source} import {alias.name} "
+                                     f"(line {node.lineno})")
+            else:
+                aliases.update({a.asname or a.name: a.name for a in node.names
+                                if a.name.split(".")[0] == root and a.asname})
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.attr.startswith("_") and not node.attr.startswith("__")
+                    and aliases.get(node.value.id, module) != module):
+                found.append(f"{module}: {node.value.id}.{node.attr} (line {node.lineno})")
+    return sorted(set(found))
+
+
+def test_no_private_name_is_used_outside_its_module():
+    found = private_names_used_elsewhere(PACKAGE_DIR)
+    assert not found, ("private names used outside their module; make the name public (no "
+                       "leading underscore) or keep its use inside:\n  " + "\n  ".join(found))
+
+
+def test_a_private_name_imported_elsewhere_is_found(tmp_path):
+    root = _package(tmp_path, {"a.py": "def _mine():\n    pass\n",
+                               "b.py": "from pkg.a import _mine\nfrom pkg import a\n"
+                                       "x = a._mine\n",
+                               "c.py": "class C:\n    _own = 1\n    def f(self):\n"
+                                       "        return self._own\n"})
+    assert private_names_used_elsewhere(root) == [
+        "pkg.b: a._mine (line 3)", "pkg.b: from pkg.a import _mine (line 1)"]
 
 
 def test_render_imports_nothing_from_dpmp_lab():

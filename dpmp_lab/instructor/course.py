@@ -102,12 +102,3 @@ def learner_copy(dest: Path, *, root: Path | None = None) -> list[str]:
     return [name for name in LEARNER_FILES if (dest / name).exists()]
 
 
-def grade(name: str, *, root: Path | None = None) -> None:
-    """Autograde every submission of `name` in submitted/ and write feedback/ HTML, in one
-    nbgrader run, one submission after the other (`dpmp-lab grade` runs grading.grade_class,
-    which grades them in parallel)."""
-    root = root or repo_root()
-    if name not in assignments(root):
-        raise ValueError(f"no such assignment in solutions/: {name}")
-    nbgrader("autograde", name, "--create", root=root)
-    nbgrader("generate_feedback", name, "--force", root=root)
