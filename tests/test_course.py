@@ -28,7 +28,7 @@ from .conftest import ROOT, stray_processes
 
 # Grading every submission of every assignment takes many minutes on 2 cores; the fixture's
 # time counts against the first test that uses it.
-pytestmark = pytest.mark.timeout(4800)
+pytestmark = [pytest.mark.timeout(4800), pytest.mark.slow]
 
 # DPMP_LAB_ASSIGNMENTS=02_data_parallel,04_pipeline: only those (an author's quick round trip)
 _ONLY = [a for a in os.environ.get("DPMP_LAB_ASSIGNMENTS", "").split(",") if a]

@@ -44,7 +44,7 @@ from dpmp_lab.launcher.failures import (
 )
 from dpmp_lab.launcher.protocol import MAX_RESULT_BYTES
 from dpmp_lab.launcher.starting import PRELOAD, START_METHODS, WARM_ENV, importing_main, warm_up
-from dpmp_lab.launcher.supervisor import Launch, Request
+from dpmp_lab.launcher.supervisor import Request, Supervisor
 
 __all__ = [  # the launcher's public names, wherever they are defined
     "AUDIT_ENV", "BACKENDS", "LOG_ENV", "PRELOAD", "START_METHODS", "WARM_ENV", "LaunchError",
@@ -162,7 +162,7 @@ def launch(
     outcome = "failed"
     try:
         t0 = time.monotonic()
-        ranks = Launch(request, payload, trace=trace, stream=stream,
+        ranks = Supervisor(request, payload, trace=trace, stream=stream,
                        progress=stream if progress is None else progress).run()
         outcome = "ok"
         return LaunchResult(

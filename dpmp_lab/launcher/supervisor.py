@@ -87,7 +87,7 @@ class Rank:
         return self.state in (RankState.RETURNED, RankState.FAILED)
 
 
-class Launch:
+class Supervisor:
     """One launch: start the ranks, watch them, wind down, close everything."""
 
     def __init__(self, request: Request, payload: bytes, *, trace: bool, stream: bool,
