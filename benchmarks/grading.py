@@ -22,8 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from dpmp_lab import course, grading
-from dpmp_lab.launch import usable_cores
+from dpmp_lab.instructor import course, grading
+from dpmp_lab.launcher.launch import usable_cores
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -12,10 +12,12 @@ import dpmp_lab.cp as cp
 import dpmp_lab.footprint as footprint
 import dpmp_lab.fsdp as fsdp
 import dpmp_lab.moe as moe
-from dpmp_lab import check, collectives, cost, dp, hybrid, integrity, models, pp, starting, tp, viz
+from dpmp_lab import check, collectives, cost, dp, hybrid, integrity, models, pp, tp, viz
 from dpmp_lab.compat import provide_new_collective_names
+from dpmp_lab.context import device, rank, world_size
 from dpmp_lab.grid import GridLayout, ProcessGrid
-from dpmp_lab.launch import (
+from dpmp_lab.launcher import starting
+from dpmp_lab.launcher.launch import (
     LaunchError,
     LaunchResult,
     LaunchTimeout,
@@ -24,7 +26,6 @@ from dpmp_lab.launch import (
     visible_gpus,
 )
 from dpmp_lab.trace import CommEvent, Trace, name_group, trace
-from dpmp_lab.worker import device, rank, world_size
 
 provide_new_collective_names()   # torch 2.13's all_gather_single etc. on older torch too
 integrity.protect()              # the grader's functions cannot be swapped out from a cell

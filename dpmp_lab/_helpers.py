@@ -1,14 +1,20 @@
-"""Small idioms the modules share: argument checks, "is there a process group", and the
-wording of rank lists and values in messages. Imports nothing from dpmp_lab."""
+"""Small idioms the modules share: argument checks, "is there a process group", the wording of
+rank lists and values in messages, and where the package sits. Imports nothing from dpmp_lab."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+# The package's folder, and the folder that holds it (a checkout's root in an editable install):
+# the one place that reads a file's position, so that moving a module moves nothing else.
+PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE_HOME = PACKAGE_DIR.parent
 
 
 def whole_number(name: str, value: Any, *, at_least: int = 1, what: str = "") -> int:

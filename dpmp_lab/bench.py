@@ -37,10 +37,10 @@ from typing import Any, NamedTuple
 import torch
 import torch.distributed as dist
 
-from dpmp_lab.launch import launch
+from dpmp_lab.context import device
+from dpmp_lab.launcher.launch import launch
 from dpmp_lab.profiling import Interval, Profile, profile
 from dpmp_lab.render import Table, human_bytes
-from dpmp_lab.worker import device
 
 __all__ = ["AlphaBeta", "Interval", "Profile", "Sweep", "SweepRow", "Timing", "fit_alpha_beta",
            "matmul_flops", "profile", "ring_steps", "scaling", "sweep", "time_collective",

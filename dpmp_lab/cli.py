@@ -15,9 +15,10 @@ import torch
 import torch.distributed as dist
 
 import dpmp_lab as dl
-from dpmp_lab import course, sandbox
-from dpmp_lab.launch import usable_cores, visible_gpus
-from dpmp_lab.limits import Limits
+from dpmp_lab._helpers import PACKAGE_HOME
+from dpmp_lab.instructor import course, sandbox
+from dpmp_lab.instructor.limits import Limits
+from dpmp_lab.launcher.launch import usable_cores, visible_gpus
 
 
 def _all_reduce_check(expected: float) -> dict:
@@ -99,7 +100,7 @@ def doctor(args: argparse.Namespace) -> int:
 
 def course_dir() -> Path:
     """The course/ folder of the checkout this package was installed from, else the cwd."""
-    here = Path(__file__).resolve().parent.parent / "course"
+    here = PACKAGE_HOME / "course"
     return here if here.is_dir() else Path.cwd()
 
 
@@ -138,7 +139,7 @@ def learner_copy(args: argparse.Namespace) -> int:
 def grade(args: argparse.Namespace) -> int:
     """Autograde submitted/*/<assignment> in parallel jobs, each submission in a sandbox of
     its own, and write feedback/ (nbgrader)."""
-    from dpmp_lab import grading
+    from dpmp_lab.instructor import grading
 
     limits = Limits(memory_mb=args.memory, processes=args.processes, disk_mb=args.disk,
                     cell_output_kb=args.cell_output, notebook_output_mb=args.notebook_output)
@@ -157,7 +158,7 @@ def grade(args: argparse.Namespace) -> int:
 
 def report(args: argparse.Namespace) -> int:
     """What the class got wrong in an assignment: the terminal table, reports/NAME.html, or CSV."""
-    from dpmp_lab import class_report
+    from dpmp_lab.instructor import class_report
 
     root = args.root or course.repo_root()
     rep = class_report.class_report(args.assignment, root)
@@ -172,7 +173,7 @@ def report(args: argparse.Namespace) -> int:
 
 def grades(args: argparse.Namespace) -> int:
     """Every learner's total per assignment, from nbgrader's gradebook."""
-    from dpmp_lab import class_report
+    from dpmp_lab.instructor import class_report
 
     rows = class_report.grades(args.root or course.repo_root(), args.assignments or None)
     if args.csv:

@@ -297,13 +297,13 @@ class _AllGatherKV(torch.autograd.Function):
         ctx.group = group
         n = dist.get_world_size(group)
         out = kv.new_empty((n * kv.shape[0], *kv.shape[1:]))   # concatenated along dim 0
-        dist.all_gather_into_tensor(out, kv.contiguous(), group=group)
+        dist.all_gather_single(out, kv.contiguous(), group=group)
         return out.view(n, *kv.shape)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         out = grad.new_empty(grad.shape[1:])
-        dist.reduce_scatter_tensor(out, grad.reshape(-1, *grad.shape[2:]).contiguous(),
+        dist.reduce_scatter_single(out, grad.reshape(-1, *grad.shape[2:]).contiguous(),
                                    group=ctx.group)
         return out, None
 

@@ -26,7 +26,7 @@ from torch import nn
 
 from dpmp_lab.render import PALETTE, Picture, Table, human_bytes, svg_start
 
-KINDS = ("params", "grads", "optimizer")
+MEMORY_KINDS = ("params", "grads", "optimizer")
 
 
 @dataclass(frozen=True)
@@ -87,13 +87,13 @@ class Footprint:
 
     def peak(self, kind: str = "total") -> int:
         """The largest number of bytes of one kind ("params", "grads", "optimizer", "total")."""
-        if kind not in (*KINDS, "total"):
-            raise ValueError(f"kind must be one of {', '.join(KINDS)} or 'total', not {kind!r}")
+        if kind not in (*MEMORY_KINDS, "total"):
+            raise ValueError(f"kind must be one of {', '.join(MEMORY_KINDS)} or 'total', not {kind!r}")
         return max(getattr(s, kind) for s in self.samples)
 
     def table(self) -> Table:
         return Table(["moment", "params", "grads", "optimizer", "total"],
-                     [[s.moment, *(human_bytes(getattr(s, k)) for k in (*KINDS, "total"))]
+                     [[s.moment, *(human_bytes(getattr(s, k)) for k in (*MEMORY_KINDS, "total"))]
                       for s in self.samples], title="model state held by this rank")
 
     def picture(self, formula: Any = None, title: str = "") -> FootprintPicture:
@@ -151,13 +151,13 @@ class FootprintPicture(Picture):
             lines.append(f"{s.moment[:28]:<28} {bar:<30} {human_bytes(s.total)}")
         if self.formula is not None:
             lines.append("formula: " + ", ".join(f"{k} {human_bytes(getattr(self.formula, k))}"
-                                                 for k in KINDS))
+                                                 for k in MEMORY_KINDS))
         return "\n".join(lines)
 
     def _repr_svg_(self) -> str:
         w, h, left, top, bottom = 640, 260, 60, 28, 60
         n = max(len(self.samples) - 1, 1)
-        kinds = [*KINDS, "total"]
+        kinds = [*MEMORY_KINDS, "total"]
         peak = max([getattr(s, k) for s in self.samples for k in kinds]
                    + ([self.formula.total] if self.formula is not None else []) + [1])
         x = lambda i: left + (w - left - 10) * i / n  # noqa: E731

@@ -57,7 +57,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dpmp_lab.dp.replicas import _check_same_everywhere, _first_rank, _resolve_group
+from dpmp_lab.dp.replicas import check_same_everywhere, first_rank, resolve_group
 
 
 @dataclass
@@ -102,7 +102,7 @@ class _Unit:
             for _, p in params:
                 o = self.offsets[id(p)]
                 flat[o:o + p.numel()].copy_(p.detach().reshape(-1))
-            dist.broadcast(flat, src=_first_rank(group), group=group)
+            dist.broadcast(flat, src=first_rank(group), group=group)
         lo = self.rank * self.shard_size
         self.shard = nn.Parameter(flat[lo:lo + self.shard_size].clone())
         self.full = torch.empty(self.padded, dtype=self.compute_dtype, device=first.device)
@@ -214,13 +214,13 @@ class FullyShardedDataParallel(nn.Module):
                 raise TypeError(f"{what} must be a floating torch.dtype such as torch.bfloat16 "
                                 f"or None, not {dt!r}")
         self.module = module
-        self.group = _resolve_group(group, "FullyShardedDataParallel")
+        self.group = resolve_group(group, "FullyShardedDataParallel")
         self.group_size = dist.get_world_size(self.group)
         self.reshard_after_forward = bool(reshard_after_forward)
         self.prefetch = bool(prefetch)
         self.compute_dtype = compute_dtype
         self.names = _parameter_names(module)                 # id -> first (qualified) name
-        _check_same_everywhere([p for p in _unique_params(module)], self.group, "parameters")
+        check_same_everywhere([p for p in _unique_params(module)], self.group, "parameters")
 
         unit_modules = _resolve_units(module, units)
         owner = _owners(module, unit_modules)                  # id(param) -> unit module name
@@ -259,7 +259,7 @@ class FullyShardedDataParallel(nn.Module):
         self._replicated = [p for p in whole if p.requires_grad]
         with torch.no_grad():     # replicas start identical, as the units' shards do
             for t in [*whole, *module.buffers()]:
-                dist.broadcast(t.data, src=_first_rank(self.group), group=self.group)
+                dist.broadcast(t.data, src=first_rank(self.group), group=self.group)
         if compute_dtype is not None:
             for p in whole:
                 if not p.requires_grad:

@@ -30,13 +30,13 @@ import torch
 import torch.distributed as dist
 
 from dpmp_lab import models
-from dpmp_lab import pp as pipeline
-from dpmp_lab import tp as tensor_parallel
+from dpmp_lab.context import device as rank_device
+from dpmp_lab.context import nccl_backend
 from dpmp_lab.dp import DataParallel
 from dpmp_lab.grid import ProcessGrid
 from dpmp_lab.models import GPTConfig, TinyGPT
-from dpmp_lab.worker import device as rank_device
-from dpmp_lab.worker import nccl_backend
+from dpmp_lab.pp import Stage, run_schedule, split_pieces
+from dpmp_lab.tp import parallelize_gpt, sharding, tp_lm_loss
 
 SMALL = GPTConfig(vocab_size=32, seq_len=8, d_model=16, n_heads=4, n_layers=2, d_ff=32)
 
@@ -70,18 +70,18 @@ def _train(dp: int, tp: int, pp: int, config: GPTConfig, steps: int, batch_size:
 
     model = TinyGPT(config, seed=seed)
     if tp > 1:
-        tensor_parallel.parallelize_gpt(model, grid.tp_group)
+        parallelize_gpt(model, grid.tp_group)
     model.to(device)
-    stage_module = pipeline.split_pieces(model.pieces(), pp)[grid.pp_rank]
+    stage_module = split_pieces(model.pieces(), pp)[grid.pp_rank]
     mine = {id(p) for p in stage_module.parameters()}
     named = {n: p for n, p in model.named_parameters() if id(p) in mine}
 
     sync = DataParallel(stage_module, group=grid.dp_group, overlap=False) if dp > 1 else None
     optimizer = torch.optim.AdamW(stage_module.parameters(), lr=lr)
     micro = batch_size // dp // micro_batches
-    stage = pipeline.Stage(stage_module, grid.pp_group,
+    stage = Stage(stage_module, grid.pp_group,
                              activation_shape=(micro, config.seq_len, config.d_model))
-    loss_fn = functools.partial(tensor_parallel.tp_lm_loss, group=grid.tp_group) if tp > 1 \
+    loss_fn = functools.partial(tp_lm_loss, group=grid.tp_group) if tp > 1 \
         else models.lm_loss
 
     losses = []
@@ -90,15 +90,15 @@ def _train(dp: int, tp: int, pp: int, config: GPTConfig, steps: int, batch_size:
         idx = models.shard_batch(idx, grid.dp_rank, dp).to(device)
         targets = models.shard_batch(targets, grid.dp_rank, dp).to(device)
         optimizer.zero_grad()
-        result = pipeline.run_schedule(schedule, stage, idx, targets, n_microbatches=micro_batches,
+        result = run_schedule(schedule, stage, idx, targets, n_microbatches=micro_batches,
                                  loss_fn=loss_fn,
                                  after_last_backward=sync.finish_gradient_sync if sync else None)
         optimizer.step()
         losses.append(result.loss)
-    sharding = tensor_parallel.sharding(model)
+    split = sharding(model)
     return {"coords": tuple(grid.coords), "rank": grid.rank, "losses": losses,
             "params": {n: p.detach().cpu().clone() for n, p in named.items()},
-            "sharding": {n: sharding.get(n) for n in named}}
+            "sharding": {n: split.get(n) for n in named}}
 
 
 def train_single_process(*, config: GPTConfig = SMALL, steps: int = 3, batch_size: int = 8,

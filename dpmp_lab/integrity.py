@@ -25,25 +25,40 @@ layers make the obvious attempts fail loudly and put the lines in the feedback.
 from __future__ import annotations
 
 import contextlib
+import importlib
+import importlib.util
 import os
+import pkgutil
 import sys
 import types
 import warnings
 from collections.abc import Iterator
 from typing import Any
 
-# modules whose functions and classes are the grader's (plus what dpmp_lab re-exports)
-GUARDED_MODULES = ("dpmp_lab", "dpmp_lab.check", "dpmp_lab.check.communication",
-                   "dpmp_lab.check.failed", "dpmp_lab.check.hints", "dpmp_lab.check.numbers",
-                   "dpmp_lab.check.references", "dpmp_lab.trace", "dpmp_lab.launch",
-                   "dpmp_lab.ranks", "dpmp_lab.failures", "dpmp_lab.protocol",
-                   "dpmp_lab.lines", "dpmp_lab.starting", "dpmp_lab.receiving",
-                   "dpmp_lab.stacks", "dpmp_lab.processes",
-                   "dpmp_lab.worker", "dpmp_lab.audit", "dpmp_lab.serialize",
-                   "dpmp_lab.integrity", "torch.distributed",
-                   "torch.distributed.distributed_c10d")
+# The grader's modules, whose functions and classes are guarded: the package's facade (with all
+# it re-exports), these modules, and every module of these packages, found on disk, so that a
+# module added to check/ or launcher/ is guarded without a word here, and a renamed one fails
+# at import instead of going unguarded.
+GRADER_MODULES = ("dpmp_lab", "dpmp_lab.context", "dpmp_lab.trace", "dpmp_lab.integrity")
+GRADER_PACKAGES = ("dpmp_lab.check", "dpmp_lab.launcher")
+TORCH_MODULES = ("torch.distributed", "torch.distributed.distributed_c10d")
+
+
+def _grader_modules() -> tuple[str, ...]:
+    found = list(GRADER_MODULES)
+    for package in GRADER_PACKAGES:
+        spec = importlib.util.find_spec(package)
+        if spec is None or spec.submodule_search_locations is None:
+            raise ImportError(f"integrity: the grader's package {package} is gone (renamed?): "
+                              "name its new place in GRADER_PACKAGES")
+        found += [package, *(f"{package}.{m.name}"
+                             for m in pkgutil.iter_modules(spec.submodule_search_locations))]
+    return (*found, *TORCH_MODULES)
+
+
+GUARDED_MODULES = _grader_modules()
 GUARDED_CLASSES = ("dpmp_lab.trace.Trace", "dpmp_lab.trace.CommEvent",
-                   "dpmp_lab.trace._Recorder", "dpmp_lab.launch.LaunchResult",
+                   "dpmp_lab.trace._Recorder", "dpmp_lab.launcher.launch.LaunchResult",
                    "dpmp_lab.check.CheckFailed")
 
 _snapshot: dict[tuple[str, str], Any] = {}
@@ -93,9 +108,7 @@ def protect() -> None:
 
 def _take_snapshot() -> None:
     for name in GUARDED_MODULES:
-        module = sys.modules.get(name)
-        if module is None:
-            continue
+        module = importlib.import_module(name)   # a name that is gone fails here, loudly
         ours = name.startswith("dpmp_lab")
         for attr, value in vars(module).items():
             # torch's private globals may change at run time; its public API does not

@@ -29,8 +29,8 @@ import re
 from typing import Any
 
 from dpmp_lab import viz
-from dpmp_lab.launch import launch
-from dpmp_lab.serialize import dumps
+from dpmp_lab.launcher.launch import launch
+from dpmp_lab.launcher.serialize import dumps
 
 _cells = itertools.count(1)
 

@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -260,13 +258,3 @@ def shard_batch(batch: torch.Tensor, rank: int, world: int, *, even: bool = True
 __all__ = ["MLP", "Block", "CausalSelfAttention", "Embed", "GPTConfig", "Head", "TinyGPT",
            "TinyMLP", "attend", "default_dtype", "lm_loss", "regression_batch", "seeded",
            "shard_batch", "shard_range", "token_batch"]
-
-
-def __getattr__(name: str) -> Any:
-    # The old name, one release: `shard` also meant tp's weight slicing (now tp.shard_tensor).
-    if name == "shard":
-        warnings.warn("dl.models.shard is now dl.models.shard_batch (it splits a batch over "
-                      "data-parallel ranks; dl.tp.shard_tensor splits a weight)",
-                      DeprecationWarning, stacklevel=2)
-        return globals()["shard_batch"]   # looked up now: references_off reaches it too
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -3,7 +3,7 @@ communication intervals, and the overlap between them read from their order.
 
     out, prof = dl.bench.profile(step)        # inside a rank (re-exported by dpmp_lab.bench)
     prof.overlapped(), prof.comm_share()
-    dl.viz.profile(res)                       # the per-rank picture (dpmp_lab.viz_profile)
+    dl.viz.profile(res)                       # the per-rank picture (dpmp_lab.viz.profile_picture)
 
 Compute intervals: forward is the top-level aten ops of the calling thread, backward is
 autograd's evaluate_function nodes (on whatever thread the engine runs them), "other" is the
@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch.profiler import ProfilerActivity
 from torch.profiler import profile as torch_profile
 
-from dpmp_lab.worker import device
+from dpmp_lab.context import device
 
 __all__ = ["Interval", "Profile", "intervals_from_events", "profile"]
 

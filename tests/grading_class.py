@@ -31,8 +31,8 @@ from pathlib import Path
 
 import nbformat
 
-from dpmp_lab import course, grading, limits
-from dpmp_lab.limits import Limits
+from dpmp_lab.instructor import course, grading, limits
+from dpmp_lab.instructor.limits import Limits
 
 from .conftest import ROOT
 from .test_course import _with_replacements, source_notebook, variants

@@ -17,6 +17,12 @@ new maintainer can read top to bottom.
    starting with the marker WHOLE, e.g. "Why it stays whole: the hook and the events it makes
    are one mechanism ...". Otherwise split it where it has a seam.
 3. dpmp_lab.render, the drawing primitives every module may use, imports nothing from dpmp_lab.
+4. A name with a leading underscore is its module's own: no other module of the package imports
+   it (`from dpmp_lab.x import _name`) or reads it from the module (`x._name`); a name that
+   several modules use is public.
+5. The layers: LAYERS below gives every module its layer, and a module imports only from its own
+   layer or below. ARCHITECTURE.md draws the same map: every entry of LAYERS is named on the
+   line of its layer there.
 """
 
 from __future__ import annotations
@@ -28,8 +34,40 @@ from pathlib import Path
 import pytest
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent / "dpmp_lab"
+ARCHITECTURE = PACKAGE_DIR.parent / "ARCHITECTURE.md"
 MAX_LINES = 400
 WHOLE = "Why it stays whole:"
+
+# The layers, bottom (0) to top (6): a module or package (all its modules) and its layer. The
+# longest entry that a module's name starts with gives its layer.
+LAYERS = {
+    # 0: imports nothing from dpmp_lab but other layer-0 modules
+    "render": 0, "_helpers": 0, "compat": 0, "integrity": 0, "launcher.protocol": 0,
+    "launcher.lines": 0, "launcher.serialize": 0, "launcher.processes": 0,
+    "instructor.scan": 0, "instructor.sandbox": 0, "instructor.limits": 0,
+    # 1: what a rank knows and records
+    "context": 1, "trace": 1, "launcher.audit": 1, "launcher.collective_inputs": 1,
+    # 2: launching ranks, and the groups of a grid
+    "launcher": 2, "grid": 2,
+    # 3: the parallelisms and the measurements, the references learners read
+    "models": 3, "collectives": 3, "cost": 3, "dp": 3, "tp": 3, "pp": 3, "hybrid": 3,
+    "fsdp": 3, "footprint": 3, "cp": 3, "moe": 3, "profiling": 3, "bench": 3,
+    # 4: the grader's checks
+    "check": 4,
+    # 5: pictures of everything below
+    "viz": 5,
+    # 6: the facade, the commands, the notebook magic, grading a class
+    "": 6, "cli": 6, "magic": 6, "nbgrader_plugin": 6, "instructor": 6,
+}
+
+
+def layer_of(module: str) -> int | None:
+    """The layer of a dotted module name under dpmp_lab (None: LAYERS does not place it)."""
+    name = module.removeprefix(PACKAGE_DIR.name).removeprefix(".")
+    for entry in sorted(LAYERS, key=len, reverse=True):
+        if name == entry or name.startswith(entry + ".") or entry == "" and name == "":
+            return LAYERS[entry]
+    return None
 
 
 @dataclass(frozen=True)
@@ -111,7 +149,7 @@ def _via_facade(parts: list[str], root: str, modules: dict[str, Path],
     """The module that `dl.a.b...` (parts ["a", "b", ...]) stands for: the deepest submodule
     it names, or the module the facade took the name `a` from; None for a name the facade
     defines itself. The facade's own binding wins, as it does at run time (`dl.launch` is the
-    function, though dpmp_lab.launch is a module too)."""
+    function, though dpmp_lab.launcher.launch is a module too)."""
     bound = facade.get(parts[0])
     if bound is not None and bound != f"{root}.{parts[0]}":
         return bound
@@ -299,6 +337,98 @@ def test_long_modules_say_why_they_stay_whole():
     assert not long, (f"modules over {MAX_LINES} lines whose docstring does not say why they "
                       f"stay whole (a sentence starting {WHOLE!r}); split them where they "
                       "have a seam, or say why not:\n  " + "\n  ".join(long))
+
+
+def test_every_module_has_a_layer_and_imports_only_its_own_or_lower_ones():
+    modules = find_modules(PACKAGE_DIR)
+    unplaced = sorted(m for m in modules if layer_of(m) is None)
+    assert not unplaced, f"give these modules a layer in LAYERS: {unplaced}"
+    stale = sorted(e for e in LAYERS if e and not any(
+        m == f"dpmp_lab.{e}" or m.startswith(f"dpmp_lab.{e}.") for m in modules))
+    assert not stale, f"LAYERS names modules that do not exist: {stale}"
+    upward = [f"{e.source} (layer {layer_of(e.source)}) imports {e.target} (layer "
+              f"{layer_of(e.target)}) at {e}" for e in import_edges(PACKAGE_DIR)
+              if layer_of(e.target) > layer_of(e.source)]
+    assert not upward, ("imports that run upward; move what both need down, or the importer "
+                        "up:\n  " + "\n  ".join(upward))
+
+
+def architecture_layers(text: str) -> dict[int, str]:
+    """{layer: the text of its lines} from ARCHITECTURE.md's drawing: a line that starts with a
+    digit opens a layer, the indented lines after it continue it."""
+    block = text.split("```")[1]
+    layers: dict[int, str] = {}
+    current = None
+    for line in block.splitlines():
+        head = line[:1]
+        if head.isdigit():
+            current = int(head)
+            layers[current] = line[1:]
+        elif current is not None and line.strip():
+            layers[current] += "\n" + line
+    return layers
+
+
+def test_architecture_md_draws_the_layers_of_the_code():
+    drawn = architecture_layers(ARCHITECTURE.read_text())
+    assert sorted(drawn) == sorted(set(LAYERS.values())), sorted(drawn)
+    missing = []
+    for entry, layer in LAYERS.items():
+        name = entry.rpartition(".")[2] or "__init__"
+        package = (PACKAGE_DIR / entry.replace(".", "/")).is_dir()
+        words = drawn[layer].replace(",", " ").split()
+        if not any(w.strip("()") in (name, f"{name}/", f"{name}.py") for w in words):
+            missing.append(f"{entry or 'dpmp_lab/__init__.py'} (layer {layer}"
+                           f"{', a package' if package else ''})")
+    assert not missing, ("ARCHITECTURE.md does not name these on the line of their layer:\n  "
+                         + "\n  ".join(missing))
+
+
+def private_names_used_elsewhere(package_dir: Path) -> list[str]:
+    """`module: what` for every private name of one module that another module imports or
+    reads as module._name (an instance's private attributes are not counted)."""
+    modules = find_modules(package_dir)
+    root = package_dir.name
+    found = []
+    for module, path in modules.items():
+        tree = ast.parse(path.read_text())
+        aliases: dict[str, str] = {}
+        for node, _ in _imports(tree):
+            if isinstance(node, ast.ImportFrom):
+                source = _absolute(node, module, path.name == "__init__.py")
+                if source.split(".")[0] != root:
+                    continue
+                for alias in node.names:
+                    if f"{source}.{alias.name}" in modules:
+                        aliases[alias.asname or alias.name] = f"{source}.{alias.name}"
+                    elif alias.name.startswith("_") and not alias.name.startswith("__"):
+                        found.append(f"{module}: from {source} import {alias.name} "
+                                     f"(line {node.lineno})")
+            else:
+                aliases.update({a.asname or a.name: a.name for a in node.names
+                                if a.name.split(".")[0] == root and a.asname})
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.attr.startswith("_") and not node.attr.startswith("__")
+                    and aliases.get(node.value.id, module) != module):
+                found.append(f"{module}: {node.value.id}.{node.attr} (line {node.lineno})")
+    return sorted(set(found))
+
+
+def test_no_private_name_is_used_outside_its_module():
+    found = private_names_used_elsewhere(PACKAGE_DIR)
+    assert not found, ("private names used outside their module; make the name public (no "
+                       "leading underscore) or keep its use inside:\n  " + "\n  ".join(found))
+
+
+def test_a_private_name_imported_elsewhere_is_found(tmp_path):
+    root = _package(tmp_path, {"a.py": "def _mine():\n    pass\n",
+                               "b.py": "from pkg.a import _mine\nfrom pkg import a\n"
+                                       "x = a._mine\n",
+                               "c.py": "class C:\n    _own = 1\n    def f(self):\n"
+                                       "        return self._own\n"})
+    assert private_names_used_elsewhere(root) == [
+        "pkg.b: a._mine (line 3)", "pkg.b: from pkg.a import _mine (line 1)"]
 
 
 def test_render_imports_nothing_from_dpmp_lab():

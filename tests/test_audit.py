@@ -19,7 +19,7 @@ import torch.nn as nn
 
 import dpmp_lab as dl
 from dpmp_lab import hybrid
-from dpmp_lab.audit import AUDIT_DEVICE
+from dpmp_lab.launcher.audit import AUDIT_DEVICE
 
 from .conftest import ROOT
 
@@ -36,7 +36,7 @@ def audit_failure(fn, *args, world_size: int = 2) -> str:
     with pytest.raises(dl.LaunchError) as info:
         audited(fn, *args, world_size=world_size)
     failure = info.value.failures[min(info.value.failures)]
-    assert failure.exc_type == "dpmp_lab.audit.DeviceAuditError", failure.describe()
+    assert failure.exc_type == "dpmp_lab.launcher.audit.DeviceAuditError", failure.describe()
     return failure.message
 
 

@@ -37,6 +37,8 @@ import pytest
 
 from .conftest import ROOT, _proc_table
 
+pytestmark = pytest.mark.slow
+
 ARTIFACTS = ROOT / "test-artifacts" / "browser"
 NOTEBOOK = "00_launch/00_launch.ipynb"
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")

@@ -213,3 +213,42 @@ def test_writes_into_a_check_submodule_are_refused_or_caught():
     finally:
         vars(hints)["likely_mistakes"] = original
     integrity.verify()
+
+
+def notebook_reference_targets() -> set[str]:
+    """Every string a solution notebook hands to references_off / with_references_off, or keeps
+    in a tuple named *_OFF for them, read from the source (nothing is run)."""
+    import ast
+    import json
+    from pathlib import Path
+
+    found: set[str] = set()
+    for path in sorted((Path(__file__).resolve().parent.parent / "solutions").glob("*/*.ipynb")):
+        for cell in json.loads(path.read_text())["cells"]:
+            if cell["cell_type"] != "code":
+                continue
+            try:
+                tree = ast.parse("".join(cell["source"]))
+            except SyntaxError:
+                continue
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(
+                        node.func, "id", "")) in ("references_off", "with_references_off"):
+                    args = node.args[1:] if getattr(node.func, "attr", getattr(
+                        node.func, "id", "")) == "with_references_off" else node.args
+                    found |= {a.value for a in args if isinstance(a, ast.Constant)
+                              and isinstance(a.value, str)}
+                elif isinstance(node, ast.Assign) and any(
+                        isinstance(t, ast.Name) and t.id.endswith("_OFF") for t in node.targets):
+                    found |= {e.value for e in ast.walk(node.value)
+                              if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+    return found
+
+
+def test_every_reference_a_notebook_switches_off_exists():
+    """A reference renamed or moved in the library fails here, not in a learner's cell."""
+    targets = notebook_reference_targets()
+    assert len(targets) >= 20, sorted(targets)      # the reader finds the notebooks' targets
+    for target in sorted(targets):
+        with dl.check.references_off(target):        # ValueError for a name that is gone
+            pass

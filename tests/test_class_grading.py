@@ -19,8 +19,9 @@ import shutil
 import pytest
 import torch
 
-from dpmp_lab import class_report, cli, course, grading, grading_job, sandbox
+from dpmp_lab import cli
 from dpmp_lab.check import hints
+from dpmp_lab.instructor import class_report, course, grading, grading_job, sandbox
 
 from .grading_class import (
     AGAIN,
@@ -41,7 +42,7 @@ from .grading_class import (
 from .test_check_package import COMM_CASES, comm_failure, trace_of
 from .test_course import source_notebook
 
-pytestmark = [pytest.mark.timeout(1500), pytest.mark.skipif(
+pytestmark = [pytest.mark.timeout(1500), pytest.mark.slow, pytest.mark.skipif(
     sandbox.problem() is not None and os.environ.get("CI") != "true",
     reason=f"grading runs every submission in the sandbox, which cannot run here: "
            f"{sandbox.problem()}")]
@@ -237,7 +238,7 @@ def test_a_job_that_breaks_costs_its_own_submission_only(tmp_path, monkeypatch):
     def fake(name, student, folder, **kw):
         if student == "broken_l17":
             raise OSError("No space left on device")
-        out = grading_job.Outcome(student, grading_job.fingerprint(
+        out = grading_job.Graded(student, grading_job.fingerprint(
             folder, root / "solutions" / NAME), graded=True)
         with grading_job.open_gradebook(course.gradebook_url(root)) as gb:
             for g in gb.find_notebook(NAME, NAME).grade_cells:

@@ -22,13 +22,13 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from dpmp_lab import course
+from dpmp_lab.instructor import course
 
 from .conftest import ROOT, stray_processes
 
 # Grading every submission of every assignment takes many minutes on 2 cores; the fixture's
 # time counts against the first test that uses it.
-pytestmark = pytest.mark.timeout(4800)
+pytestmark = [pytest.mark.timeout(4800), pytest.mark.slow]
 
 # DPMP_LAB_ASSIGNMENTS=02_data_parallel,04_pipeline: only those (an author's quick round trip)
 _ONLY = [a for a in os.environ.get("DPMP_LAB_ASSIGNMENTS", "").split(",") if a]
@@ -313,8 +313,8 @@ SAMPLE_EVERY = 12   # 2-3 variants per notebook: one autograde is a whole notebo
 def writes_into_the_grader(name: str, variant: dict) -> bool:
     """Whether the grader's scan flags the variant (as autograde reads the notebook: the
     learner's cells against the notebook's own)."""
-    from dpmp_lab import scan
-    from dpmp_lab.nbgrader_plugin import split_cells
+    from dpmp_lab.instructor import scan
+    from dpmp_lab.instructor.nbgrader_plugin import split_cells
 
     mine, given, _ = split_cells(_with_replacements(source_notebook(name), variant["replace"]))
     return bool(scan.scan([c.source for c in mine], context=[c.source for c in given]))
@@ -447,8 +447,8 @@ __dpmp_saved = {}
 
 def _sandboxed() -> dict:
     """The kernel manager grading uses, where the sandbox runs (always under CI)."""
-    from dpmp_lab import sandbox
-    from dpmp_lab.sandbox_kernel import SandboxedKernelManager
+    from dpmp_lab.instructor import sandbox
+    from dpmp_lab.instructor.sandbox_kernel import SandboxedKernelManager
 
     if sandbox.problem() is None or os.environ.get("CI") == "true":
         return {"kernel_manager_class": SandboxedKernelManager}
@@ -626,7 +626,7 @@ def test_feedback_holds_no_hidden_test(graded, name):
     hidden tests is in any feedback page, whatever failed and printed its traceback."""
     import html
 
-    from dpmp_lab.nbgrader_plugin import hidden_lines
+    from dpmp_lab.instructor.nbgrader_plugin import hidden_lines
 
     scores_of(graded, name, "solution")
     hidden = hidden_lines(source_notebook(name))
@@ -653,7 +653,7 @@ def test_feedback_is_generated_and_explains_the_mistake(graded, name):
 
 def test_a_learners_copy_holds_the_release_and_no_hidden_test(tmp_path, capsys):
     from dpmp_lab import cli
-    from dpmp_lab.nbgrader_plugin import hidden_lines
+    from dpmp_lab.instructor.nbgrader_plugin import hidden_lines
 
     dest = tmp_path / "for_learners"
     assert cli.main(["learner-copy", str(dest)]) == 0

@@ -10,8 +10,8 @@ import threading
 
 import pytest
 
-from dpmp_lab import serialize, worker
-from dpmp_lab.failures import (
+from dpmp_lab.launcher import serialize, worker
+from dpmp_lab.launcher.failures import (
     DESTROYED_GROUP_HINT,
     HANG_HINT,
     P2P_HANG_HINT,
@@ -33,9 +33,9 @@ from dpmp_lab.failures import (
     unreadable,
     where_stuck,
 )
-from dpmp_lab.protocol import MESSAGE_MARGIN, Raised, Returned, Started
-from dpmp_lab.receiving import Result, receive
-from dpmp_lab.stacks import dump_complete, stack_from_dump
+from dpmp_lab.launcher.protocol import MESSAGE_MARGIN, Raised, Returned, Started
+from dpmp_lab.launcher.receiving import Result, receive
+from dpmp_lab.launcher.stacks import dump_complete, stack_from_dump
 
 CELL = "/tmp/ipykernel_0/cell-3.py"
 C10D = "/site-packages/torch/distributed/distributed_c10d.py"

@@ -17,7 +17,8 @@ import shutil
 import nbformat
 import pytest
 
-from dpmp_lab import class_report, cli, course, grading, grading_job, nbgrader_plugin, sandbox
+from dpmp_lab import cli
+from dpmp_lab.instructor import class_report, course, grading, grading_job, nbgrader_plugin, sandbox
 
 from .conftest import ROOT
 from .grading_class import (
@@ -32,7 +33,7 @@ from .grading_class import (
 )
 from .test_course import source_notebook
 
-pytestmark = [pytest.mark.timeout(1500), pytest.mark.skipif(
+pytestmark = [pytest.mark.timeout(1500), pytest.mark.slow, pytest.mark.skipif(
     sandbox.problem() is not None and os.environ.get("CI") != "true",
     reason=f"the sandbox cannot run here: {sandbox.problem()}")]
 
@@ -149,7 +150,7 @@ def test_grading_refuses_to_run_unsandboxed_unless_told(tmp_path, monkeypatch, c
 
     def fake(name, student, folder, *, settings, live=None):
         assert settings.sandbox is False
-        return grading_job.Outcome(student, "", graded=False, reason="not run")
+        return grading_job.Graded(student, "", graded=False, reason="not run")
 
     monkeypatch.setattr(grading, "grade_one", fake)
     lines: list[str] = []

@@ -23,6 +23,31 @@ def test_replacing_a_grader_function_is_refused_at_once():
     assert integrity.changes() == []
 
 
+def test_every_module_of_the_graders_packages_is_guarded():
+    """Derived from the package, not listed: each module of check/ and launcher/ on disk, and
+    each grader module named, refuses to have one of its functions or classes replaced."""
+    import importlib
+    import sys
+    import types
+    from pathlib import Path
+
+    package = Path(dl.__file__).parent
+    on_disk = {".".join(("dpmp_lab", *f.relative_to(package).with_suffix("").parts))
+               .removesuffix(".__init__")
+               for folder in ("check", "launcher") for f in (package / folder).rglob("*.py")}
+    assert on_disk <= set(integrity.GUARDED_MODULES), on_disk - set(integrity.GUARDED_MODULES)
+    for name in integrity.GUARDED_MODULES:
+        module = importlib.import_module(name)
+        held = [k for k, v in vars(module).items() if not k.startswith("_")
+                and isinstance(v, (types.FunctionType, type))]
+        if not held:
+            continue   # a package's __init__ with a docstring only
+        with pytest.raises(TamperingDetected, match="cannot be replaced"):
+            setattr(module, held[0], lambda *args, **kwargs: None)
+        assert getattr(sys.modules[name], held[0]) is vars(module)[held[0]]
+    assert integrity.changes() == []
+
+
 def test_a_change_behind_the_guard_fails_every_check_naming_it():
     original = dl.check.comm
     vars(dl.check)["comm"] = lambda *args, **kwargs: None

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 import dpmp_lab as dl
-from dpmp_lab import processes
+from dpmp_lab.launcher import processes
 
 from .conftest import ROOT, open_fds, stray_processes
 
@@ -41,14 +41,24 @@ def all_reduce_rank_sum(scale: float = 1.0) -> float:
 # -- it works ---------------------------------------------------------------------------------
 
 
+def auto_backend(world_size: int) -> str:
+    """What backend="auto" initialises here: nccl (with gloo for CPU tensors) when this machine
+    has a GPU per rank, as a course server may, else gloo."""
+    import torch.distributed as dist
+
+    enough = dl.visible_gpus() >= world_size and dist.is_nccl_available()
+    return "cpu:gloo,cuda:nccl" if enough else "gloo"
+
+
 def test_values_and_output_per_rank(capsys):
     res = dl.launch(all_reduce_rank_sum, 2.0, world_size=4)
     assert res.values == [20.0] * 4
-    assert res[3] == 20.0 and len(res) == 4 and res.backend == "gloo"
+    assert res[3] == 20.0 and len(res) == 4 and res.backend == auto_backend(4)
     streamed = capsys.readouterr().out
     for r in range(4):
-        assert f"rank {r} of 4 on cpu: [20.0, 20.0, 20.0]" in res.output[r]
-        assert f"[rank {r}] rank {r} of 4 on cpu" in streamed
+        on = "cpu" if auto_backend(4) == "gloo" else f"cuda:{r}"
+        assert f"rank {r} of 4 on {on}: [20.0, 20.0, 20.0]" in res.output[r]
+        assert f"[rank {r}] rank {r} of 4 on {on}" in streamed
 
 
 def test_stdout_and_stderr_kept_at_fd_level(capsys):
@@ -552,7 +562,7 @@ def test_point_to_point_deadlock_is_named_as_one_not_as_a_collective():
                                     "matching recv"), f.message
     assert "collective" not in info.value.hint and "isend/irecv" in info.value.hint
     # the same reading of a stack that faulthandler dumped on a launch timeout
-    from dpmp_lab.failures import p2p_wait as _p2p_wait
+    from dpmp_lab.launcher.failures import p2p_wait as _p2p_wait
     stuck = ('  File "/x/torch/distributed/distributed_c10d.py", line 9, in recv\n'
              '  File "/x/torch/distributed/distributed_c10d.py", line 9, in wait\n')
     assert _p2p_wait('  File "cell", line 3, in f\n' + stuck) is None   # innermost is wait
@@ -706,7 +716,7 @@ def test_ranks_die_with_a_killed_kernel():
 
 
 def test_progress_is_shown_only_inside_ipython():
-    from dpmp_lab.progress import Progress
+    from dpmp_lab.launcher.progress import Progress
 
     p = Progress(2, enabled=True)
     assert not p.active   # a script or pytest: plain output only
@@ -715,7 +725,8 @@ def test_progress_is_shown_only_inside_ipython():
 
 
 def test_result_says_which_backend_served_which_device(warm):
-    res = dl.launch(lambda: None, world_size=2, stream=False, device_audit=False)
+    res = dl.launch(lambda: None, world_size=2, stream=False, device_audit=False,
+                    backend="gloo")   # named: "auto" is nccl on a server with 2+ GPUs
     assert res.backend == "gloo" and res.backends == {"cpu": "gloo"}
     assert res.describe().startswith("2 ranks on the CPU; CPU tensors through gloo;")
     # what a GPU server's launch reports: CUDA tensors through nccl, CPU tensors through gloo

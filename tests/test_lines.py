@@ -7,10 +7,10 @@ import pickle
 
 import pytest
 
-from dpmp_lab import serialize
-from dpmp_lab.lines import LineSplitter, labelled
-from dpmp_lab.progress import Progress
-from dpmp_lab.protocol import Outcome, Raised, RankState, Returned, Started
+from dpmp_lab.launcher import serialize
+from dpmp_lab.launcher.lines import LineSplitter, labelled
+from dpmp_lab.launcher.progress import Progress
+from dpmp_lab.launcher.protocol import Outcome, Raised, RankState, Returned, Started
 
 
 def test_whole_lines_come_out_and_the_unfinished_end_waits():

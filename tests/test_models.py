@@ -77,13 +77,8 @@ def test_shard_matches_the_articles_and_refuses_uneven_batches():
     assert dl.models.regression_batch(8)[0].shape == (8, 16)
 
 
-def test_the_old_ambiguous_names_warn_and_lead_to_the_new_ones():
-    for module, old, new in ((dl.models, "shard", "shard_batch"), (dl.tp, "shard", "shard_tensor"),
-                             (dl.pp, "PipelineStage", "Stage")):
-        with pytest.warns(DeprecationWarning, match=f"is now dl.*{new}"):
-            assert getattr(module, old) is getattr(module, new)
-    with dl.check.references_off("models.shard_batch"), pytest.warns(DeprecationWarning):
-        with pytest.raises(dl.check.ReferenceSwitchedOff):   # the old name is switched off too
-            dl.models.shard(torch.arange(4), 0, 2)
-    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
-        dl.models.nothing  # noqa: B018
+def test_the_old_ambiguous_names_are_gone():
+    """shard meant both a batch split and a weight slice, PipelineStage is torch's other class:
+    never released under those names (0.1.0), so no alias keeps them."""
+    for module, old in ((dl.models, "shard"), (dl.tp, "shard"), (dl.pp, "PipelineStage")):
+        assert not hasattr(module, old)

@@ -10,8 +10,8 @@ import types
 import nbformat
 import pytest
 
-from dpmp_lab import nbgrader_plugin, receipts
-from dpmp_lab.nbgrader_plugin import GuardedExecute, HideHiddenTests, OutputLimitExceeded
+from dpmp_lab.instructor import nbgrader_plugin, receipts
+from dpmp_lab.instructor.nbgrader_plugin import GuardedExecute, HideHiddenTests, OutputLimitExceeded
 
 
 def _cell(source: str, **meta) -> nbformat.NotebookNode:

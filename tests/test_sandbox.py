@@ -16,8 +16,8 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from dpmp_lab import limits, sandbox
-from dpmp_lab.limits import Cgroups, Limits
+from dpmp_lab.instructor import limits, sandbox
+from dpmp_lab.instructor.limits import Cgroups, Limits
 
 from .conftest import ROOT
 
@@ -118,7 +118,7 @@ def test_a_missing_sandbox_is_one_sentence_that_says_what_to_do(monkeypatch):
 
 @needs_sandbox
 def test_a_kernel_runs_in_the_sandbox_and_a_cell_can_be_interrupted(tmp_path):
-    from dpmp_lab.sandbox_kernel import SandboxedKernelManager
+    from dpmp_lab.instructor.sandbox_kernel import SandboxedKernelManager
 
     (tmp_path / "data.txt").write_text("the submission's own file")
     nb = nbformat.v4.new_notebook()

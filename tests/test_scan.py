@@ -7,8 +7,8 @@ from __future__ import annotations
 import nbformat
 import pytest
 
-from dpmp_lab import course, scan
-from dpmp_lab.nbgrader_plugin import mark_forged, split_cells
+from dpmp_lab.instructor import course, scan
+from dpmp_lab.instructor.nbgrader_plugin import mark_forged, split_cells
 
 from .conftest import ROOT
 from .test_course import _with_replacements, source_notebook, variants

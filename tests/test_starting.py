@@ -59,7 +59,7 @@ import threading
 from IPython.core.interactiveshell import InteractiveShell
 InteractiveShell.instance()          # what a kernel or the IPython prompt has running
 import dpmp_lab as dl
-from dpmp_lab import starting
+from dpmp_lab.launcher import starting
 for t in threading.enumerate():
     if t.name == "dpmp_lab-warm-up":
         t.join(30)

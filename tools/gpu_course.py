@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     names = args.names or sorted(p.name for p in (ROOT / "solutions").iterdir() if p.is_dir())
 
-    from dpmp_lab.launch import visible_gpus
+    from dpmp_lab.launcher.launch import visible_gpus
 
     print(f"GPUs visible: {visible_gpus()}", flush=True)
     rows = []

@@ -21,7 +21,7 @@ from dpmp_lab._helpers import ranks_text
 from dpmp_lab.check import communication
 from dpmp_lab.check.failed import CheckFailed
 from dpmp_lab.check.hints import REPLICA_HINT, keyed_scale_hint, tag
-from dpmp_lab.launch import launch
+from dpmp_lab.launcher.launch import launch
 from dpmp_lab.models import default_dtype
 
 FP32 = {"rtol": 1e-5, "atol": 1e-6}

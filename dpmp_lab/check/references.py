@@ -27,8 +27,9 @@ from typing import Any
 import dpmp_lab
 from dpmp_lab import integrity
 
-# dl.tp's private collectives: a shortcut around the f and g its exercises build
-PRIVATE_COLLECTIVES = ("_all_reduce", "_all_gather", "_reduce_scatter")
+# dl.tp's plain collectives (tp.mappings, not re-exported): a shortcut around the f and g its
+# exercises build, so they go off with the rest of dl.tp
+TP_COLLECTIVES = ("tp_all_reduce", "tp_all_gather", "tp_reduce_scatter")
 _GRADER = "dpmp_lab.check"   # its modules keep their references, whatever is switched off
 
 
@@ -41,7 +42,7 @@ def references_off(*targets: str) -> Iterator[None]:
     """While inside, the library's own versions of what an exercise builds raise a clear error.
 
     targets: names under dpmp_lab, with or without "dl.": a module, "tp" (every public function
-    and class of dl.tp, and its private collectives), a name in one, "tp.copy_to_tp_region",
+    and class of dl.tp, and its plain collectives), a name in one, "tp.copy_to_tp_region",
     "dp.DataParallel", "ProcessGrid", or an attribute of a class, "GridLayout.groups". Use it
     the same way in the visible and the hidden tests (in the notebook, or in the ranks through
     `with_references_off`), and say so in the exercise.
@@ -127,7 +128,7 @@ def _longest_module(parts: list[str]) -> tuple[types.ModuleType, int]:
 
 def _public(module: types.ModuleType) -> list[tuple[Any, str]]:
     """A whole module's references: its public functions and classes (its __all__, or, for a
-    package without one, what it and its submodules define), and its private collectives."""
+    package without one, what it and its submodules define), and its plain collectives."""
     inside = [m for key, m in list(sys.modules.items())
               if m is not None and key.startswith(module.__name__ + ".")]
     names = getattr(module, "__all__", None)
@@ -136,7 +137,7 @@ def _public(module: types.ModuleType) -> list[tuple[Any, str]]:
             getattr(v, "__module__", None) in {module.__name__, *(m.__name__ for m in inside)})]
     found = [(module, n) for n in names if callable(getattr(module, n))]
     for m in (module, *inside):
-        found += [(m, n) for n in PRIVATE_COLLECTIVES if n in vars(m)]
+        found += [(m, n) for n in TP_COLLECTIVES if n in vars(m)]
     return found
 
 

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dpmp_lab.dp.replicas import _check_same_everywhere, _first_rank, _resolve_group
+from dpmp_lab.dp.replicas import check_same_everywhere, first_rank, resolve_group
 
 MiB = 1024 * 1024
 
@@ -76,7 +76,7 @@ class DataParallel(nn.Module):
         if not isinstance(overlap, bool):
             raise TypeError(f"overlap must be True or False, not {overlap!r}")
         self.module = module
-        self.group = _resolve_group(group, "DataParallel")
+        self.group = resolve_group(group, "DataParallel")
         self.group_size = dist.get_world_size(self.group)
         self.bucket_mb = float(bucket_mb)
         self.overlap = overlap
@@ -88,7 +88,7 @@ class DataParallel(nn.Module):
             raise ValueError("the module has no trainable parameters (none requires grad): "
                              "there are no gradients to average")
         states = [p for _, p in named] + list(module.buffers())
-        _check_same_everywhere(states, self.group, "models")
+        check_same_everywhere(states, self.group, "models")
         self._broadcast(states)
 
         self._params = [p for _, p in trainable]
@@ -158,7 +158,7 @@ class DataParallel(nn.Module):
 
     @torch.no_grad()
     def _broadcast(self, tensors: list[torch.Tensor]) -> None:
-        src = _first_rank(self.group)
+        src = first_rank(self.group)
         for t in tensors:
             dist.broadcast(t.detach(), src=src, group=self.group)
 

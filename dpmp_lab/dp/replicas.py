@@ -17,7 +17,7 @@ import torch.distributed as dist
 from dpmp_lab._helpers import group_ready
 
 
-def _resolve_group(group: Any, who: str) -> dist.ProcessGroup:
+def resolve_group(group: Any, who: str) -> dist.ProcessGroup:
     """The process group to average over (None: every rank), checked for this rank."""
     if not group_ready():
         raise RuntimeError(f"{who} needs a process group: run it inside the ranks of "
@@ -34,12 +34,12 @@ def _resolve_group(group: Any, who: str) -> dist.ProcessGroup:
     return group
 
 
-def _first_rank(group: dist.ProcessGroup) -> int:
+def first_rank(group: dist.ProcessGroup) -> int:
     """The GLOBAL rank of the group's rank 0: broadcast takes global ranks as src."""
     return dist.get_process_group_ranks(group)[0]
 
 
-def _check_same_everywhere(tensors: list[torch.Tensor], group: dist.ProcessGroup,
+def check_same_everywhere(tensors: list[torch.Tensor], group: dist.ProcessGroup,
                            what: str) -> None:
     """Refuse replicas whose tensors differ in number, shape, dtype or requires_grad.
 

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dpmp_lab.dp.replicas import _check_same_everywhere, _first_rank, _resolve_group
+from dpmp_lab.dp.replicas import check_same_everywhere, first_rank, resolve_group
 
 
 class ShardedOptimizer:
@@ -74,7 +74,7 @@ class ShardedOptimizer:
             if not isinstance(p, torch.Tensor):
                 raise TypeError(f"params must be tensors (e.g. model.parameters()); got a "
                                 f"{type(p).__name__} (parameter groups are not supported)")
-        self.group = _resolve_group(group, "ShardedOptimizer")
+        self.group = resolve_group(group, "ShardedOptimizer")
         self.group_size = dist.get_world_size(self.group)
         self.group_rank = dist.get_rank(self.group)
         unique = list({id(p): p for p in params}.values())      # a tied parameter once
@@ -86,7 +86,7 @@ class ShardedOptimizer:
         if len(kinds) > 1:
             raise TypeError(f"all parameters must share one dtype and device to be flattened "
                             f"into one buffer; got {sorted(str(k) for k in kinds)}")
-        _check_same_everywhere(self.params, self.group, "parameters")
+        check_same_everywhere(self.params, self.group, "parameters")
 
         self.numel = sum(p.numel() for p in self.params)
         self.shard_size = -(-self.numel // self.group_size)          # ceil
@@ -96,7 +96,7 @@ class ShardedOptimizer:
         self._flat_grads = torch.zeros_like(self._flat_params)
         with torch.no_grad():
             self._pack(self._flat_params, [p.detach() for p in self.params])
-            dist.broadcast(self._flat_params, src=_first_rank(self.group), group=self.group)
+            dist.broadcast(self._flat_params, src=first_rank(self.group), group=self.group)
             self._unpack_params()
         self._hooks: list[Any] = []
         if stage == 1:

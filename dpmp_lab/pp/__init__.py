@@ -26,9 +26,6 @@ Two modules: pp.schedules, the plans (plain data, simulated on a time grid, no p
 needed), and pp.runner, which cuts a model into stages and runs a plan on real ranks.
 """
 
-import warnings
-from typing import Any
-
 from dpmp_lab.pp.runner import PipelineResult, Stage, run_schedule, split_pieces
 from dpmp_lab.pp.schedules import (
     SCHEDULES,
@@ -47,13 +44,3 @@ from dpmp_lab.pp.schedules import (
 __all__ = ["Action", "Bubble", "PipelineResult", "Stage", "SCHEDULES", "Schedule",
            "Span", "bubble_fraction", "gpipe", "make_schedule", "measured_bubble", "naive",
            "one_f_one_b", "run_schedule", "split_pieces"]
-
-
-def __getattr__(name: str) -> Any:
-    # The old name, one release: torch.distributed.pipelining.PipelineStage is another class,
-    # built differently (submodule, stage_index, num_stages, device).
-    if name == "PipelineStage":
-        warnings.warn("dl.pp.PipelineStage is now dl.pp.Stage (torch's PipelineStage is a "
-                      "different class)", DeprecationWarning, stacklevel=2)
-        return globals()["Stage"]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -21,8 +21,8 @@ import torch.distributed as dist
 from torch import nn
 
 from dpmp_lab._helpers import group_ready, whole_number
+from dpmp_lab.context import device as rank_device
 from dpmp_lab.pp.schedules import Schedule, Span, make_schedule
-from dpmp_lab.worker import device as rank_device
 
 # -- splitting a model into stages ------------------------------------------------------------
 

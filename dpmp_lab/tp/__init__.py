@@ -40,9 +40,6 @@ tp.mappings (the tp group, shard_tensor() and the region ops: all the communicat
 logits) and tp.gpt (Megatron's MLP and attention blocks, and parallelize_gpt for TinyGPT).
 """
 
-import warnings
-from typing import Any
-
 from dpmp_lab.tp.cross_entropy import vocab_parallel_cross_entropy
 from dpmp_lab.tp.gpt import (
     ParallelMLP,
@@ -67,12 +64,3 @@ __all__ = ["ColumnParallelLinear", "ParallelMLP", "ParallelSelfAttention", "RowP
            "gather_from_tp_region", "parallelize_gpt", "reduce_from_tp_region",
            "reduce_scatter_to_sequence_region", "scatter_to_tp_region", "shard_tensor", "sharding",
            "tp_lm_loss", "vocab_parallel_cross_entropy"]
-
-
-def __getattr__(name: str) -> Any:
-    # The old name, one release: `shard` also meant splitting a batch (now models.shard_batch).
-    if name == "shard":
-        warnings.warn("dl.tp.shard is now dl.tp.shard_tensor (this rank's slice of a weight; "
-                      "dl.models.shard_batch splits a batch)", DeprecationWarning, stacklevel=2)
-        return globals()["shard_tensor"]   # looked up now: references_off reaches it too
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,7 +12,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from dpmp_lab.tp.mappings import _all_reduce, _check_ids, _check_tensor, _tp_size
+from dpmp_lab._helpers import tensor_arg
+from dpmp_lab.tp.mappings import check_ids, tp_all_reduce, tp_size
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
@@ -29,15 +30,15 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
                 group: dist.ProcessGroup) -> torch.Tensor:
         per_rank = logits.shape[-1]
         start = dist.get_rank(group) * per_rank
-        global_max = _all_reduce(logits.max(dim=-1).values, group, dist.ReduceOp.MAX)
+        global_max = tp_all_reduce(logits.max(dim=-1).values, group, dist.ReduceOp.MAX)
         shifted = logits - global_max.unsqueeze(-1)
         exp = shifted.exp()
-        sum_exp = _all_reduce(exp.sum(dim=-1), group)
+        sum_exp = tp_all_reduce(exp.sum(dim=-1), group)
         local = targets - start
         mine = (local >= 0) & (local < per_rank)
         local = local.masked_fill(~mine, 0)
         target_logit = shifted.gather(-1, local.unsqueeze(-1)).squeeze(-1).masked_fill(~mine, 0)
-        target_logit = _all_reduce(target_logit, group)
+        target_logit = tp_all_reduce(target_logit, group)
         ctx.save_for_backward(exp / sum_exp.unsqueeze(-1), local, mine)
         return (sum_exp.log() - target_logit).mean()
 
@@ -59,13 +60,13 @@ def vocab_parallel_cross_entropy(logits_shard: torch.Tensor, targets: torch.Tens
     Forward:  3 all_reduce of one number per token (max with ReduceOp.MAX, sum of exp, target
               logit). Backward: nothing.
     """
-    logits_shard = _check_tensor(logits_shard, "logits_shard")
-    targets = _check_tensor(targets, "targets")
+    logits_shard = tensor_arg(logits_shard, "logits_shard")
+    targets = tensor_arg(targets, "targets")
     if logits_shard.dim() < 1 or logits_shard.shape[:-1] != targets.shape:
         raise ValueError(f"logits_shard (..., V/tp) and targets (...) must agree on the leading "
                          f"dims, got {tuple(logits_shard.shape)} and {tuple(targets.shape)}")
-    tp = _tp_size(group)
-    _check_ids(targets, logits_shard.shape[-1] * tp, "targets")
+    tp = tp_size(group)
+    check_ids(targets, logits_shard.shape[-1] * tp, "targets")
     logits = logits_shard.reshape(-1, logits_shard.shape[-1])
     targets = targets.reshape(-1)
     if tp == 1:

@@ -15,17 +15,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from dpmp_lab import models
+from dpmp_lab._helpers import tensor_arg
 from dpmp_lab.tp.cross_entropy import vocab_parallel_cross_entropy
 from dpmp_lab.tp.layers import (
     ColumnParallelLinear,
+    HoldsGroup,
     RowParallelLinear,
+    Sharded,
     VocabParallelEmbedding,
-    _check_features,
-    _check_type,
-    _HoldsGroup,
-    _Sharded,
+    check_features,
+    check_type,
 )
-from dpmp_lab.tp.mappings import _check_tensor, _tp_size, copy_to_tp_region
+from dpmp_lab.tp.mappings import copy_to_tp_region, tp_size
 
 # -- transformer blocks ----------------------------------------------------------------------------
 
@@ -46,7 +47,7 @@ class ParallelMLP(nn.Module):
     @classmethod
     def from_dense(cls, mlp: models.MLP, group: dist.ProcessGroup) -> ParallelMLP:
         """This rank's shard of a dpmp_lab.models.MLP."""
-        _check_type(mlp, models.MLP, cls)
+        check_type(mlp, models.MLP, cls)
         layer = cls(mlp.fc1.in_features, mlp.fc1.out_features, group, device="meta",
                     dtype=mlp.fc1.weight.dtype)
         layer.fc1._materialise(mlp.fc1)
@@ -57,7 +58,7 @@ class ParallelMLP(nn.Module):
         return self.fc2(F.gelu(self.fc1(x)))
 
 
-class ParallelSelfAttention(_HoldsGroup):
+class ParallelSelfAttention(HoldsGroup):
     """Causal self-attention split by heads: rank r owns n_heads/tp whole heads.
 
     q, k, v are column-parallel (their output features are the heads, packed head after head,
@@ -70,7 +71,7 @@ class ParallelSelfAttention(_HoldsGroup):
     def __init__(self, d_model: int, n_heads: int, group: dist.ProcessGroup, *,
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None):
         super().__init__()
-        tp = _tp_size(group)
+        tp = tp_size(group)
         if d_model % n_heads:
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
         if n_heads % tp:
@@ -89,7 +90,7 @@ class ParallelSelfAttention(_HoldsGroup):
     def from_dense(cls, attn: models.CausalSelfAttention,
                    group: dist.ProcessGroup) -> ParallelSelfAttention:
         """This rank's heads of a dpmp_lab.models.CausalSelfAttention."""
-        _check_type(attn, models.CausalSelfAttention, cls)
+        check_type(attn, models.CausalSelfAttention, cls)
         layer = cls(attn.q.in_features, attn.n_heads, group, device="meta",
                     dtype=attn.q.weight.dtype)
         for name in ("q", "k", "v", "o"):
@@ -97,7 +98,7 @@ class ParallelSelfAttention(_HoldsGroup):
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _check_features(_check_tensor(x, "x"), self.q.in_features, "ParallelSelfAttention")
+        check_features(tensor_arg(x, "x"), self.q.in_features, "ParallelSelfAttention")
         x = copy_to_tp_region(x, self.group)
         q, k, v = (F.linear(x, lin.weight, lin.bias) for lin in (self.q, self.k, self.v))
         return self.o(models.attend(q, k, v, self.head_dim))
@@ -141,7 +142,7 @@ def sharding(model: nn.Module) -> dict[str, int | None]:
     """
     dims: dict[str, int | None] = {}
     for prefix, module in model.named_modules():
-        split = getattr(module, "split_dims", {}) if isinstance(module, _Sharded) else {}
+        split = getattr(module, "split_dims", {}) if isinstance(module, Sharded) else {}
         for name, _ in module.named_parameters(recurse=False):
             dims[f"{prefix}.{name}" if prefix else name] = split.get(name)
     return dims

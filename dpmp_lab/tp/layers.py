@@ -19,20 +19,20 @@ import torch.nn.functional as F
 from torch import nn
 
 from dpmp_lab.tp.mappings import (
-    _check_divisible,
-    _check_group,
-    _check_ids,
-    _check_tensor,
-    _tp_size,
+    check_divisible,
+    check_group,
+    check_ids,
     copy_to_tp_region,
     gather_from_tp_region,
     reduce_from_tp_region,
     scatter_to_tp_region,
     shard_tensor,
+    tensor_arg,
+    tp_size,
 )
 
 
-class _HoldsGroup(nn.Module):
+class HoldsGroup(nn.Module):
     """A module that keeps its tp group in `self.group`. A copy (copy.deepcopy) shares the
     group: a process group is a connection to the other ranks, not data to duplicate."""
 
@@ -46,7 +46,7 @@ class _HoldsGroup(nn.Module):
         return new
 
 
-class _Sharded(_HoldsGroup):
+class Sharded(HoldsGroup):
     """A layer holding this rank's shard of a dense module's parameters.
 
     `split_dims` names the parameters that are split, and along which dim; every other
@@ -74,20 +74,20 @@ class _Sharded(_HoldsGroup):
         self.load_dense(dense)
 
 
-def _check_type(module: object, expected: type, cls: type) -> None:
+def check_type(module: object, expected: type, cls: type) -> None:
     if not isinstance(module, expected):
         where = "nn" if expected.__module__.startswith("torch.nn") else expected.__module__
         raise TypeError(f"{cls.__name__}.from_dense needs a {where}.{expected.__name__}, not "
                         f"{type(module).__name__}")
 
 
-def _check_features(x: torch.Tensor, expected: int, who: str, hint: str = "") -> None:
+def check_features(x: torch.Tensor, expected: int, who: str, hint: str = "") -> None:
     if x.dim() == 0 or x.shape[-1] != expected:
         raise ValueError(f"{who} expects inputs whose last dim is {expected}, got shape "
                          f"{tuple(x.shape)}{hint}")
 
 
-class _ParallelLinear(_Sharded):
+class _ParallelLinear(Sharded):
     """What column- and row-parallel layers share: their shard is cut from a dense nn.Linear."""
 
     def reset_parameters(self) -> None:
@@ -112,8 +112,8 @@ class ColumnParallelLinear(_ParallelLinear):
                  bias: bool = True, gather_output: bool = False, *,
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None):
         super().__init__()
-        self.group = _check_group(group)
-        local_out = _check_divisible(out_features, _tp_size(group), "out_features")
+        self.group = check_group(group)
+        local_out = check_divisible(out_features, tp_size(group), "out_features")
         self.in_features, self.out_features = in_features, out_features
         self.gather_output = gather_output
         self.weight = nn.Parameter(torch.empty(local_out, in_features, device=device,
@@ -127,14 +127,14 @@ class ColumnParallelLinear(_ParallelLinear):
     def from_dense(cls, dense: nn.Linear, group: dist.ProcessGroup,
                    gather_output: bool = False) -> ColumnParallelLinear:
         """This rank's rows of `dense` (an nn.Linear), as a ColumnParallelLinear."""
-        _check_type(dense, nn.Linear, cls)
+        check_type(dense, nn.Linear, cls)
         layer = cls(dense.in_features, dense.out_features, group, dense.bias is not None,
                     gather_output, device="meta", dtype=dense.weight.dtype)
         layer._materialise(dense)
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _check_features(_check_tensor(x, "x"), self.in_features, "ColumnParallelLinear")
+        check_features(tensor_arg(x, "x"), self.in_features, "ColumnParallelLinear")
         y = F.linear(copy_to_tp_region(x, self.group), self.weight, self.bias)
         return gather_from_tp_region(y, self.group) if self.gather_output else y
 
@@ -161,8 +161,8 @@ class RowParallelLinear(_ParallelLinear):
                  bias: bool = True, input_is_parallel: bool = True, *,
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None):
         super().__init__()
-        self.group = _check_group(group)
-        self.local_in = _check_divisible(in_features, _tp_size(group), "in_features")
+        self.group = check_group(group)
+        self.local_in = check_divisible(in_features, tp_size(group), "in_features")
         self.in_features, self.out_features = in_features, out_features
         self.input_is_parallel = input_is_parallel
         self.weight = nn.Parameter(torch.empty(out_features, self.local_in, device=device,
@@ -176,18 +176,18 @@ class RowParallelLinear(_ParallelLinear):
     def from_dense(cls, dense: nn.Linear, group: dist.ProcessGroup,
                    input_is_parallel: bool = True) -> RowParallelLinear:
         """This rank's columns of `dense` (an nn.Linear), as a RowParallelLinear."""
-        _check_type(dense, nn.Linear, cls)
+        check_type(dense, nn.Linear, cls)
         layer = cls(dense.in_features, dense.out_features, group, dense.bias is not None,
                     input_is_parallel, device="meta", dtype=dense.weight.dtype)
         layer._materialise(dense)
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = _check_tensor(x, "x")
+        x = tensor_arg(x, "x")
         if not self.input_is_parallel:
-            _check_features(x, self.in_features, "RowParallelLinear(input_is_parallel=False)")
+            check_features(x, self.in_features, "RowParallelLinear(input_is_parallel=False)")
             x = scatter_to_tp_region(x, self.group)
-        _check_features(x, self.local_in, "RowParallelLinear",
+        check_features(x, self.local_in, "RowParallelLinear",
                         f": this rank's slice of the {self.in_features} input features (pass "
                         "input_is_parallel=False to give it the whole input)")
         y = reduce_from_tp_region(F.linear(x, self.weight), self.group)
@@ -199,7 +199,7 @@ class RowParallelLinear(_ParallelLinear):
                 f"input_is_parallel={self.input_is_parallel}")
 
 
-class VocabParallelEmbedding(_Sharded):
+class VocabParallelEmbedding(Sharded):
     """An embedding table split by vocabulary rows: rank r owns token ids
     [r * V/tp, (r + 1) * V/tp). Each rank looks up the ids it owns, writes zeros for the others,
     and the all-reduce fills in every row from the rank that owns it.
@@ -213,8 +213,8 @@ class VocabParallelEmbedding(_Sharded):
     def __init__(self, num_embeddings: int, embedding_dim: int, group: dist.ProcessGroup, *,
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None):
         super().__init__()
-        self.group = _check_group(group)
-        self.per_rank = _check_divisible(num_embeddings, _tp_size(group), "num_embeddings")
+        self.group = check_group(group)
+        self.per_rank = check_divisible(num_embeddings, tp_size(group), "num_embeddings")
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         self.start = dist.get_rank(group) * self.per_rank
         self.weight = nn.Parameter(torch.empty(self.per_rank, embedding_dim, device=device,
@@ -230,7 +230,7 @@ class VocabParallelEmbedding(_Sharded):
     @classmethod
     def from_dense(cls, dense: nn.Embedding, group: dist.ProcessGroup) -> VocabParallelEmbedding:
         """This rank's vocabulary rows of `dense` (a plain nn.Embedding)."""
-        _check_type(dense, nn.Embedding, cls)
+        check_type(dense, nn.Embedding, cls)
         if dense.padding_idx is not None or dense.max_norm is not None:
             raise ValueError("VocabParallelEmbedding.from_dense supports a plain nn.Embedding "
                              "(no padding_idx, no max_norm)")
@@ -240,7 +240,7 @@ class VocabParallelEmbedding(_Sharded):
         return layer
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        _check_ids(_check_tensor(ids, "token ids"), self.num_embeddings, "token ids")
+        check_ids(tensor_arg(ids, "token ids"), self.num_embeddings, "token ids")
         local = ids - self.start
         elsewhere = (local < 0) | (local >= self.per_rank)
         rows = F.embedding(local.masked_fill(elsewhere, 0), self.weight)

@@ -14,19 +14,18 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from dpmp_lab._helpers import member_group
-from dpmp_lab._helpers import tensor_arg as _check_tensor
+from dpmp_lab._helpers import member_group, tensor_arg
 
 # -- the tp group and splitting along a dim --------------------------------------------------------
 
 
-def _check_group(group: object) -> dist.ProcessGroup:
+def check_group(group: object) -> dist.ProcessGroup:
     return member_group(group, "tp", "tensor-parallel",
                         "dl.ProcessGrid(tp=...).tp_group or dist.group.WORLD")
 
 
-def _tp_size(group: dist.ProcessGroup) -> int:
-    return dist.get_world_size(_check_group(group))
+def tp_size(group: dist.ProcessGroup) -> int:
+    return dist.get_world_size(check_group(group))
 
 
 def _normalise_dim(x: torch.Tensor, dim: int) -> int:
@@ -35,14 +34,14 @@ def _normalise_dim(x: torch.Tensor, dim: int) -> int:
     return dim % x.dim()
 
 
-def _check_divisible(size: int, tp: int, what: str) -> int:
+def check_divisible(size: int, tp: int, what: str) -> int:
     if size % tp:
         raise ValueError(f"{what} = {size} does not split evenly over {tp} tensor-parallel "
                          f"ranks ({size} % {tp} = {size % tp}): choose a size divisible by {tp}")
     return size // tp
 
 
-def _check_ids(ids: torch.Tensor, vocab: int, what: str) -> None:
+def check_ids(ids: torch.Tensor, vocab: int, what: str) -> None:
     if ids.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"{what} must be an integer tensor (torch.long), not {ids.dtype}")
     # every rank checks the same ids, so all raise together and nobody waits in a collective
@@ -56,16 +55,16 @@ def shard_tensor(tensor: torch.Tensor, group: dist.ProcessGroup, dim: int) -> to
 
     What from_dense keeps of a dense weight, and what a test compares a shard's gradient with.
     """
-    tensor = _check_tensor(tensor, "tensor")
-    tp, dim = _tp_size(group), _normalise_dim(tensor, dim)
-    size = _check_divisible(tensor.shape[dim], tp, f"size of dim {dim}")
+    tensor = tensor_arg(tensor, "tensor")
+    tp, dim = tp_size(group), _normalise_dim(tensor, dim)
+    size = check_divisible(tensor.shape[dim], tp, f"size of dim {dim}")
     return tensor.narrow(dim, dist.get_rank(group) * size, size).contiguous()
 
 
 # -- the communication itself (no autograd here) ---------------------------------------------------
 
 
-def _all_reduce(x: torch.Tensor, group: dist.ProcessGroup,
+def tp_all_reduce(x: torch.Tensor, group: dist.ProcessGroup,
                 op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> torch.Tensor:
     # a contiguous copy: gloo needs contiguous memory, and a gradient handed to backward may
     # be shared with other nodes or be an expanded view (x.sum().backward() gives one)
@@ -74,17 +73,17 @@ def _all_reduce(x: torch.Tensor, group: dist.ProcessGroup,
     return out
 
 
-def _all_gather(x: torch.Tensor, group: dist.ProcessGroup, dim: int) -> torch.Tensor:
-    # all_gather_into_tensor concatenates along dim 0, so bring `dim` to the front and back
+def tp_all_gather(x: torch.Tensor, group: dist.ProcessGroup, dim: int) -> torch.Tensor:
+    # all_gather_single concatenates along dim 0, so bring `dim` to the front and back
     front = x.movedim(dim, 0).contiguous()
-    out = front.new_empty((_tp_size(group) * front.shape[0], *front.shape[1:]))
+    out = front.new_empty((tp_size(group) * front.shape[0], *front.shape[1:]))
     dist.all_gather_single(out, front, group=group)
     return out.movedim(0, dim).contiguous()
 
 
-def _reduce_scatter(x: torch.Tensor, group: dist.ProcessGroup, dim: int) -> torch.Tensor:
+def tp_reduce_scatter(x: torch.Tensor, group: dist.ProcessGroup, dim: int) -> torch.Tensor:
     front = x.movedim(dim, 0).contiguous()
-    size = _check_divisible(front.shape[0], _tp_size(group), f"size of dim {dim}")
+    size = check_divisible(front.shape[0], tp_size(group), f"size of dim {dim}")
     out = front.new_empty((size, *front.shape[1:]))
     dist.reduce_scatter_single(out, front, group=group)
     return out.movedim(0, dim).contiguous()
@@ -103,7 +102,7 @@ class _CopyToTPRegion(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return _all_reduce(grad, ctx.group), None
+        return tp_all_reduce(grad, ctx.group), None
 
 
 class _ReduceFromTPRegion(torch.autograd.Function):
@@ -111,7 +110,7 @@ class _ReduceFromTPRegion(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-        return _all_reduce(x, group)
+        return tp_all_reduce(x, group)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
@@ -124,7 +123,7 @@ class _GatherFromTPRegion(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
         ctx.group = group
-        return _all_gather(x, group, x.dim() - 1)
+        return tp_all_gather(x, group, x.dim() - 1)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
@@ -141,7 +140,7 @@ class _ScatterToTPRegion(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return _all_gather(grad, ctx.group, grad.dim() - 1), None
+        return tp_all_gather(grad, ctx.group, grad.dim() - 1), None
 
 
 class _GatherFromSequenceRegion(torch.autograd.Function):
@@ -151,11 +150,11 @@ class _GatherFromSequenceRegion(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup, dim: int) -> torch.Tensor:
         ctx.group, ctx.dim = group, dim
-        return _all_gather(x, group, dim)
+        return tp_all_gather(x, group, dim)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        return _reduce_scatter(grad, ctx.group, ctx.dim), None, None
+        return tp_reduce_scatter(grad, ctx.group, ctx.dim), None, None
 
 
 class _ReduceScatterToSequenceRegion(torch.autograd.Function):
@@ -165,17 +164,17 @@ class _ReduceScatterToSequenceRegion(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup, dim: int) -> torch.Tensor:
         ctx.group, ctx.dim = group, dim
-        return _reduce_scatter(x, group, dim)
+        return tp_reduce_scatter(x, group, dim)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        return _all_gather(grad, ctx.group, ctx.dim), None, None
+        return tp_all_gather(grad, ctx.group, ctx.dim), None, None
 
 
 def _region(fn: type[torch.autograd.Function], x: torch.Tensor, group: dist.ProcessGroup,
             *extra: int) -> torch.Tensor:
-    x = _check_tensor(x, "x")
-    if _tp_size(group) == 1:
+    x = tensor_arg(x, "x")
+    if tp_size(group) == 1:
         return x
     return fn.apply(x, group, *extra)
 
@@ -199,10 +198,10 @@ def gather_from_tp_region(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Te
 def scatter_to_tp_region(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
     """Forward: keep this rank's slice of the last dim, no communication (ValueError when it
     does not split evenly). Backward: 1 all_gather along the last dim."""
-    x = _check_tensor(x, "x")
+    x = tensor_arg(x, "x")
     if x.dim() == 0:
         raise ValueError("scatter_to_tp_region needs a tensor with at least one dim")
-    _check_divisible(x.shape[-1], _tp_size(group), "size of the last dim")
+    check_divisible(x.shape[-1], tp_size(group), "size of the last dim")
     return _region(_ScatterToTPRegion, x, group)
 
 
@@ -211,7 +210,7 @@ def gather_from_sequence_region(x: torch.Tensor, group: dist.ProcessGroup,
     """Sequence parallel: forward 1 all_gather of the sequence along `dim` (default 1, as in
     (batch, seq, hidden); every rank's part has the same shape); backward 1 reduce_scatter of
     the gradient along `dim`."""
-    x = _check_tensor(x, "x")
+    x = tensor_arg(x, "x")
     return _region(_GatherFromSequenceRegion, x, group, _normalise_dim(x, dim))
 
 
@@ -220,7 +219,7 @@ def reduce_scatter_to_sequence_region(x: torch.Tensor, group: dist.ProcessGroup,
     """Sequence parallel: forward 1 reduce_scatter along `dim` (sum the partial outputs, keep
     this rank's part of the sequence; ValueError when it does not split evenly); backward
     1 all_gather of the gradient along `dim`."""
-    x = _check_tensor(x, "x")
+    x = tensor_arg(x, "x")
     dim = _normalise_dim(x, dim)
-    _check_divisible(x.shape[dim], _tp_size(group), f"size of dim {dim} (the sequence)")
+    check_divisible(x.shape[dim], tp_size(group), f"size of dim {dim} (the sequence)")
     return _region(_ReduceScatterToSequenceRegion, x, group, dim)

@@ -62,7 +62,7 @@ HATCH_PAIRS = {("sys", "modules"): MODULES, ("sys", "monitoring"): TRACING,
 HATCH_MODULES = {"builtins": NAMESPACE, "importlib": DYNAMIC, "ctypes": INTERNALS,
                  "runpy": DYNAMIC, "atexit": DYNAMIC, "IPython": SHELL, "ipykernel": SHELL,
                  "nbgrader": RECORDS, "dpmp_lab.integrity": RECORDS,
-                 "dpmp_lab.receipts": RECORDS, "dpmp_lab.scan": RECORDS}
+                 "dpmp_lab.instructor.receipts": RECORDS, "dpmp_lab.instructor.scan": RECORDS}
 SAFE_MODULES = ("IPython.display",)   # display() and friends: what a notebook may show
 RECORD_ATTRS = ("integrity", "receipts", "scan")   # dl.integrity, dl.receipts
 

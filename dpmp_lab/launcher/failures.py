@@ -24,9 +24,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dpmp_lab._helpers import indent, ranks_text, tail
-from dpmp_lab.protocol import Vocabulary
+from dpmp_lab.launcher.protocol import Vocabulary
+from dpmp_lab.launcher.stacks import stack_from_dump
 from dpmp_lab.render import human_bytes
-from dpmp_lab.stacks import stack_from_dump
 
 
 class Reason(Vocabulary):

@@ -31,18 +31,20 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dpmp_lab import integrity, serialize, worker
+from dpmp_lab import integrity
 from dpmp_lab._helpers import positive_seconds, short_repr, whole_number
-from dpmp_lab.failures import (
+from dpmp_lab.context import nccl_backend
+from dpmp_lab.launcher import serialize
+from dpmp_lab.launcher.failures import (
     UNGUARDED_EXIT,
     LaunchError,
     LaunchTimeout,
     RankFailure,
     UnguardedLaunch,
 )
-from dpmp_lab.protocol import MAX_RESULT_BYTES
-from dpmp_lab.ranks import Launch, Request
-from dpmp_lab.starting import PRELOAD, START_METHODS, WARM_ENV, importing_main, warm_up
+from dpmp_lab.launcher.protocol import MAX_RESULT_BYTES
+from dpmp_lab.launcher.starting import PRELOAD, START_METHODS, WARM_ENV, importing_main, warm_up
+from dpmp_lab.launcher.supervisor import Request, Supervisor
 
 __all__ = [  # the launcher's public names, wherever they are defined
     "AUDIT_ENV", "BACKENDS", "LOG_ENV", "PRELOAD", "START_METHODS", "WARM_ENV", "LaunchError",
@@ -140,7 +142,7 @@ def launch(
                   while it runs: a widget in Jupyter, text elsewhere in IPython (default: when
                   streaming in IPython; never outside IPython).
     device_audit: run on the CPU as if each rank had a GPU, and fail where the code would put
-                  data on the wrong device there (see dpmp_lab/audit.py). Default: on when the
+                  data on the wrong device there (see dpmp_lab/launcher/audit.py). Default: on when the
                   environment has DPMP_LAB_DEVICE_AUDIT=1.
     max_result_bytes: the most one rank may return, pickled (default 256 MiB): past it the rank
                   fails with its result's size, and the notebook never reads it.
@@ -160,7 +162,7 @@ def launch(
     outcome = "failed"
     try:
         t0 = time.monotonic()
-        ranks = Launch(request, payload, trace=trace, stream=stream,
+        ranks = Supervisor(request, payload, trace=trace, stream=stream,
                        progress=stream if progress is None else progress).run()
         outcome = "ok"
         return LaunchResult(
@@ -180,7 +182,7 @@ def launch(
 
 
 def _initialised_backend(request: Request) -> str:
-    return worker.nccl_backend() if request.backend == "nccl" else request.backend
+    return nccl_backend() if request.backend == "nccl" else request.backend
 
 
 def _log_launch(request: Request, outcome: str) -> None:

@@ -12,7 +12,7 @@ import linecache
 import os
 import re
 
-from dpmp_lab import worker
+from dpmp_lab.launcher import worker
 
 _DUMP_FRAME = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+) in (?P<name>.*)$')
 _DUMP_THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-fA-F]+)")

@@ -6,7 +6,7 @@ an AST transformer, an event hook, a replaced `showtraceback`, a patched check. 
 sees "no error" and gives full marks. So before execution the grader (nbgrader_plugin, in its
 own process) appends one line to every graded test cell:
 
-    __import__("dpmp_lab.receipts").receipts.receipt("<nonce>", {"dl": "dpmp_lab", ...})
+    __import__("dpmp_lab.instructor.receipts").instructor.receipts.receipt("<nonce>", {"dl": "dpmp_lab", ...})
 
 with a nonce made for that cell of that job. The line runs only if everything above it in the
 cell ran without raising; it publishes a receipt (a display output of its own MIME type) with
@@ -44,11 +44,11 @@ from IPython.display import publish_display_data
 from dpmp_lab import integrity
 
 MIME = "application/vnd.dpmp-lab.receipt+json"
-LINE_START = '\n__import__("dpmp_lab.receipts").receipts.receipt('
+LINE_START = '\n__import__("dpmp_lab.instructor.receipts").instructor.receipts.receipt('
 
 # namespaces whose functions and classes the tests rely on: the grader's (integrity's guarded
 # modules), the builtins (`abs` in an assert), math and torch.testing
-MODULES = (*integrity.GUARDED_MODULES, "dpmp_lab.receipts", "builtins", "torch.testing", "math")
+MODULES = (*integrity.GUARDED_MODULES, "dpmp_lab.instructor.receipts", "builtins", "torch.testing", "math")
 # torch's top level changes while a notebook runs (importing torch._dynamo wraps
 # torch.manual_seed), so only the comparisons an assert uses are covered there
 TORCH_NAMES = ("allclose", "isclose", "equal", "all", "any", "abs", "eq", "ne", "max", "min",

@@ -22,7 +22,7 @@ from typing import Any
 from jupyter_client.manager import AsyncKernelManager
 from traitlets import List, Unicode
 
-from dpmp_lab import sandbox
+from dpmp_lab.instructor import sandbox
 
 
 class SandboxError(RuntimeError):

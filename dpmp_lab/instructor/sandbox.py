@@ -30,6 +30,8 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from dpmp_lab._helpers import PACKAGE_DIR
+
 WORK = "/job/work"     # the kernel's working directory inside
 HOME = "/job/home"
 
@@ -135,7 +137,7 @@ def python_paths(hidden: Sequence[Path] = ()) -> list[Path]:
     its import path and the dpmp_lab package, minus anything that would reveal a hidden
     folder (an editable install puts the whole checkout, the course root, on sys.path: only
     its dpmp_lab folder is bound)."""
-    here = Path(__file__).resolve().parent
+    here = PACKAGE_DIR
     wanted = {Path(sys.base_prefix), Path(sys.prefix), Path(sys.exec_prefix),
               Path(sys.executable).resolve().parent.parent, here}
     wanted |= {Path(p) for p in [*site.getsitepackages(), *sys.path] if p}

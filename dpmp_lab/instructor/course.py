@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dpmp_lab._helpers import tail
+from dpmp_lab._helpers import PACKAGE_HOME, tail
 
 ASSIGNMENT = re.compile(r"\d\d_[a-z0-9_]+")
 COURSE_ID = "dpmp_lab"   # as nbgrader_config.py names the course in the gradebook
@@ -24,7 +24,7 @@ COURSE_ID = "dpmp_lab"   # as nbgrader_config.py names the course in the gradebo
 
 def repo_root() -> Path:
     """The checkout this package runs from (the folder holding solutions/ and course/)."""
-    root = Path(__file__).resolve().parent.parent
+    root = PACKAGE_HOME
     if not (root / "solutions").is_dir():
         raise RuntimeError(f"no solutions/ folder next to dpmp_lab in {root}: the course "
                            "commands need a checkout of the project, not an installed wheel")
@@ -102,12 +102,3 @@ def learner_copy(dest: Path, *, root: Path | None = None) -> list[str]:
     return [name for name in LEARNER_FILES if (dest / name).exists()]
 
 
-def grade(name: str, *, root: Path | None = None) -> None:
-    """Autograde every submission of `name` in submitted/ and write feedback/ HTML, in one
-    nbgrader run, one submission after the other (`dpmp-lab grade` runs grading.grade_class,
-    which grades them in parallel)."""
-    root = root or repo_root()
-    if name not in assignments(root):
-        raise ValueError(f"no such assignment in solutions/: {name}")
-    nbgrader("autograde", name, "--create", root=root)
-    nbgrader("generate_feedback", name, "--force", root=root)

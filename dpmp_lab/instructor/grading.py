@@ -38,11 +38,18 @@ from pathlib import Path
 from nbgrader.api import Gradebook, MissingEntry
 from sqlalchemy.exc import SAWarning
 
-from dpmp_lab import sandbox
-from dpmp_lab.course import assignments, gradebook_url, nbgrader, repo_root
-from dpmp_lab.grading_job import Outcome, Running, Settings, fingerprint, grade_one, open_gradebook
-from dpmp_lab.launch import usable_cores
-from dpmp_lab.limits import Cgroups, Limits, held_text
+from dpmp_lab.instructor import sandbox
+from dpmp_lab.instructor.course import assignments, gradebook_url, nbgrader, repo_root
+from dpmp_lab.instructor.grading_job import (
+    Graded,
+    LiveJobs,
+    Settings,
+    fingerprint,
+    grade_one,
+    open_gradebook,
+)
+from dpmp_lab.instructor.limits import Cgroups, Limits, held_text
+from dpmp_lab.launcher.launch import usable_cores
 
 STATE = ".dpmp_grading"        # {assignment}.json: what was graded, from which files
 UNSANDBOXED = ("WARNING: grading WITHOUT the sandbox (--no-sandbox): every submission's code "
@@ -56,7 +63,7 @@ class Summary:
     """What `grade_class` did: the outcomes of the submissions it graded, and who it skipped."""
 
     assignment: str
-    outcomes: list[Outcome]
+    outcomes: list[Graded]
     skipped: list[str]
     seconds: float
     run_id: str = ""          # DPMP_LAB_GRADING_RUN in every process of this run's jobs
@@ -64,7 +71,7 @@ class Summary:
     limits_held: str = ""     # which mechanism held each limit on this machine
 
     @property
-    def failed(self) -> list[Outcome]:
+    def failed(self) -> list[Graded]:
         return [o for o in self.outcomes if not o.graded]
 
 
@@ -84,7 +91,7 @@ def default_jobs(n_submissions: int) -> int:
 # -- the parent: the course's gradebook, one writer ------------------------------------------------
 
 
-def record(gb: Gradebook, name: str, outcome: Outcome) -> None:
+def record(gb: Gradebook, name: str, outcome: Graded) -> None:
     """Write one outcome into the course's gradebook, replacing what it held for the student.
     A submission that could not be graded, or that was flagged (a forgery suspected), gets
     zero on every graded cell, flagged for manual grading, so it is neither lost nor given
@@ -107,7 +114,7 @@ def record(gb: Gradebook, name: str, outcome: Outcome) -> None:
     gb.db.commit()
 
 
-def _install(root: Path, name: str, outcome: Outcome) -> None:
+def _install(root: Path, name: str, outcome: Graded) -> None:
     """Put the job's autograded notebook and feedback in the course's folders (or remove
     stale ones, when this grading failed). Feedback is the notebooks' HTML pages and nothing
     else: nbgrader would also copy every file of the graded folder, learner-made or not."""
@@ -173,17 +180,17 @@ def _still_recorded(root: Path, name: str, students: Iterable[str]) -> set[str]:
     return have & set(students)
 
 
-def _outcome_of(future: Future, student: str) -> Outcome:
+def _outcome_of(future: Future, student: str) -> Graded:
     """The job's outcome; a job that itself broke (a disk full, say) is a submission not
     graded, with the error as the reason, not the end of the class's grading."""
     try:
         return future.result()
     except Exception as exc:
-        return Outcome(student, "", graded=False,
+        return Graded(student, "", graded=False,
                        reason=f"grading failed: {type(exc).__name__}: {exc}")
 
 
-def progress_line(done: int, total: int, outcome: Outcome, running: int) -> str:
+def progress_line(done: int, total: int, outcome: Graded, running: int) -> str:
     """'[3/12] alice: graded, 7 points (14 s); 2 running', '... NOT GRADED: why' or
     '... FLAGGED for manual grading, 0 points: why'."""
     if outcome.flagged:
@@ -260,7 +267,7 @@ def grade_class(name: str, *, root: Path | None = None, jobs: int | None = None,
     if exposed:
         say(f"note: other users of this machine can read {', '.join(exposed)}: an instructor "
             "keeps them private (chmod 700 solutions; chmod 600 gradebook.db)")
-    outcomes: list[Outcome] = []
+    outcomes: list[Graded] = []
     if not todo:
         return Summary(name, outcomes, skipped, time.monotonic() - started, run_id, sandboxed,
                        held)
@@ -268,7 +275,7 @@ def grade_class(name: str, *, root: Path | None = None, jobs: int | None = None,
     try:
         settings = Settings(root, _snapshot(root, base), base, timeout, cell_timeout,
                             sandboxed, limits, run_id)
-        live: set[Running] = set()
+        live = LiveJobs()
         with ThreadPoolExecutor(max_workers=jobs) as pool, \
                 open_gradebook(gradebook_url(root)) as gb:
             of = {pool.submit(grade_one, name, s, f, settings=settings, live=live): s
@@ -294,10 +301,7 @@ def grade_class(name: str, *, root: Path | None = None, jobs: int | None = None,
             except BaseException:   # Ctrl-C or a broken gradebook: stop every job, then say
                 for future in pending:
                     future.cancel()
-                while live:
-                    for job in list(live):
-                        job.kill()
-                        live.discard(job)
+                while live.kill_all():
                     time.sleep(0.1)   # a job between two nbgrader runs may start one more
                 raise
     finally:

@@ -31,8 +31,8 @@ from matplotlib.figure import Figure
 from nbgrader.api import MissingEntry
 
 from dpmp_lab.check.hints import HINT_TAG
-from dpmp_lab.course import gradebook_url
-from dpmp_lab.grading_job import open_gradebook
+from dpmp_lab.instructor.course import gradebook_url
+from dpmp_lab.instructor.grading_job import open_gradebook
 from dpmp_lab.render import Table
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")

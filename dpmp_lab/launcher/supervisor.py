@@ -26,13 +26,13 @@ from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from dpmp_lab import failures, processes, stacks, worker
-from dpmp_lab.failures import LaunchError, RankFailure
-from dpmp_lab.lines import LineSplitter, labelled
-from dpmp_lab.progress import Progress
-from dpmp_lab.protocol import Outcome, Pipe, RankState, Started
-from dpmp_lab.receiving import Result, receive
-from dpmp_lab.starting import starting
+from dpmp_lab.launcher import failures, processes, stacks, worker
+from dpmp_lab.launcher.failures import LaunchError, RankFailure
+from dpmp_lab.launcher.lines import LineSplitter, labelled
+from dpmp_lab.launcher.progress import Progress
+from dpmp_lab.launcher.protocol import Outcome, Pipe, RankState, Started
+from dpmp_lab.launcher.receiving import Result, receive
+from dpmp_lab.launcher.starting import starting
 
 STOP_GRACE_S = 0.2  # after a first failure: time for the other ranks to report their own
 CAUSE_GRACE_S = 1.0  # the same when every failure so far is a lost peer: time for the cause
@@ -87,7 +87,7 @@ class Rank:
         return self.state in (RankState.RETURNED, RankState.FAILED)
 
 
-class Launch:
+class Supervisor:
     """One launch: start the ranks, watch them, wind down, close everything."""
 
     def __init__(self, request: Request, payload: bytes, *, trace: bool, stream: bool,

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
-from dpmp_lab import failures, serialize
-from dpmp_lab.failures import RankFailure, Reason
-from dpmp_lab.protocol import MESSAGE_MARGIN, Raised, Returned, Started
+from dpmp_lab.launcher import failures, serialize
+from dpmp_lab.launcher.failures import RankFailure, Reason
+from dpmp_lab.launcher.protocol import MESSAGE_MARGIN, Raised, Returned, Started
 
 # What Connection.recv_bytes raises (an OSError) when a message is longer than maxlength.
 TOO_LONG = "bad message length"

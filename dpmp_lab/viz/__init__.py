@@ -12,8 +12,8 @@ the notebook kernel before launching anything, and grader messages stay readable
 
 This module sits on top: it reads traces, grids and pipeline schedules. The drawing primitives
 (Table, human_bytes, the Picture base) live in dpmp_lab.render, below every module, and are
-re-exported here, as are the collective pictures of dpmp_lab.viz_collective and the
-profile pictures of dpmp_lab.viz_profile.
+re-exported here, as are the collective pictures of dpmp_lab.viz.collective_picture and the
+profile pictures of dpmp_lab.viz.profile_picture.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from dpmp_lab.grid import GridLayout
 from dpmp_lab.pp import PipelineResult, Schedule, measured_bubble
 from dpmp_lab.render import PALETTE, Picture, Table, cell, human_bytes, svg_start
 from dpmp_lab.trace import traces_of
-from dpmp_lab.viz_collective import COLLECTIVES, CollectivePicture, collective
-from dpmp_lab.viz_profile import ProfilePicture, profile
+from dpmp_lab.viz.collective_picture import COLLECTIVES, CollectivePicture, collective
+from dpmp_lab.viz.profile_picture import ProfilePicture, profile
 
 __all__ = ["COLLECTIVES", "CollectivePicture", "CommChart", "GridPicture", "ProfilePicture",
            "Table", "Timeline", "collective", "comm", "comm_chart", "grid", "human_bytes",

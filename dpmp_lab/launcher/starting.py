@@ -53,9 +53,9 @@ def warm_up() -> None:
         forkserver.ensure_running()
 
 
-def warm_up_in_background(name: str = "dpmp_lab-warm-up") -> threading.Thread:
+def warm_up_in_background() -> threading.Thread:
     """warm_up() in a daemon thread; a launch meanwhile waits for it at the lock."""
-    thread = threading.Thread(target=_warm_up_quietly, name=name, daemon=True)
+    thread = threading.Thread(target=_warm_up_quietly, name="dpmp_lab-warm-up", daemon=True)
     thread.start()
     return thread
 

@@ -12,7 +12,7 @@ import sys
 from typing import Any
 
 from dpmp_lab._helpers import ipython_shell
-from dpmp_lab.protocol import RankState
+from dpmp_lab.launcher.protocol import RankState
 
 # what the learner reads for each state
 _WORDS = {RankState.STARTING: "starting", RankState.RUNNING: "running",

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -20,17 +21,17 @@ from pathlib import Path
 
 from nbgrader.api import Gradebook, MissingEntry
 
-from dpmp_lab import processes
-from dpmp_lab.course import COURSE_ID, gradebook_url
-from dpmp_lab.limits import Cgroups, Limits, disk_used, enter_command
+from dpmp_lab._helpers import PACKAGE_HOME
+from dpmp_lab.instructor.course import COURSE_ID, gradebook_url
+from dpmp_lab.instructor.limits import Cgroups, Limits, disk_used, enter_command
+from dpmp_lab.launcher import processes
 
-PACKAGE_HOME = Path(__file__).resolve().parent.parent
 REPORT = "dpmp-report.json"   # what GuardedExecute found, in the job's scratch course
 MAX_FILES = 20000             # files a submission may make before its job is stopped
 
 
 @dataclass
-class Outcome:
+class Graded:
     """What grading one submission gave: nbgrader's scores per (notebook, graded cell), or why
     there are none. Plain data, so the parent can record it in any order."""
 
@@ -89,6 +90,31 @@ class Running:
         self.cgroups.kill_all()
 
 
+class LiveJobs:
+    """The nbgrader runs in flight: added and removed by the grading threads, killed all at
+    once by the parent when grading is interrupted (a lock, since both sides change it)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: set[Running] = set()
+
+    def add(self, job: Running) -> None:
+        with self._lock:
+            self._jobs.add(job)
+
+    def discard(self, job: Running) -> None:
+        with self._lock:
+            self._jobs.discard(job)
+
+    def kill_all(self) -> bool:
+        """Kill every run in flight; whether there was one."""
+        with self._lock:
+            jobs, self._jobs = self._jobs, set()
+        for job in jobs:
+            job.kill()
+        return bool(jobs)
+
+
 @dataclass(frozen=True)
 class Settings:
     """What every job of one grading run shares."""
@@ -111,7 +137,7 @@ def _last_error(log: str) -> str:
 
 
 def _run(args: list[str], scratch: Path, deadline: float, settings: Settings,
-         cgroups: Cgroups, watched: list[Path], live: set) -> tuple[int | None, str, str]:
+         cgroups: Cgroups, watched: list[Path], live: LiveJobs) -> tuple[int | None, str, str]:
     """`nbgrader args` in the scratch course until it ends, the deadline passes or a limit is
     hit: (exit code or None if stopped, its log, why it was stopped). While it runs it is in
     `live`, so that an interrupted grade_class can kill it."""
@@ -173,7 +199,7 @@ def _scratch_root(name: str, student: str, folder: Path, settings: Settings) -> 
 
 
 def _job_config(settings: Settings, scratch: Path, sockets: str) -> str:
-    """The course's nbgrader_config.py, then what this job adds (dpmp_lab.nbgrader_plugin)."""
+    """The course's nbgrader_config.py, then what this job adds (dpmp_lab.instructor.nbgrader_plugin)."""
     job = {"sandbox": settings.sandbox, "report_path": str(scratch / REPORT),
            "cell_output_bytes": settings.limits.cell_output_kb * 1024,
            "notebook_output_bytes": settings.limits.notebook_output_mb * 2**20,
@@ -181,7 +207,7 @@ def _job_config(settings: Settings, scratch: Path, sockets: str) -> str:
            "hidden": [str(settings.root), str(settings.base)]}
     return ((settings.root / "nbgrader_config.py").read_text()
             + "\n\n# -- added by `dpmp-lab grade` for this one job\n"
-            + "from dpmp_lab.nbgrader_plugin import configure as _dpmp_configure  # noqa\n"
+            + "from dpmp_lab.instructor.nbgrader_plugin import configure as _dpmp_configure  # noqa\n"
             + f"_dpmp_configure(c, {job!r})\n")
 
 
@@ -190,23 +216,23 @@ def _size_of(folder: Path) -> int:
 
 
 def grade_one(name: str, student: str, folder: Path, *, settings: Settings,
-              live: set | None = None) -> Outcome:
+              live: LiveJobs | None = None) -> Graded:
     """Autograde one submission and write its feedback, in a scratch course root and (unless
     settings say otherwise) in the sandbox, within the time and limits of `settings`. Never
     raises for the submission's own trouble: says it."""
     start = time.monotonic()
     fp = fingerprint(folder, settings.root / "solutions" / name)
-    live = set() if live is None else live
+    live = LiveJobs() if live is None else live
     size = _size_of(folder)
     if size > settings.limits.disk_mb * 2**20:
-        return Outcome(student, fp, graded=False, reason=(
+        return Graded(student, fp, graded=False, reason=(
             f"the submission is {size / 2**20:.0f} MiB, over the disk limit of "
             f"{settings.limits.disk_mb} MiB"))
     scratch = _scratch_root(name, student, folder, settings)
     sockets = tempfile.mkdtemp(prefix="dpk-")   # short: unix socket paths are ~107 bytes
     (scratch / "nbgrader_config.py").write_text(_job_config(settings, scratch, sockets))
     cgroups = Cgroups.create(settings.limits)
-    outcome = Outcome(student, fp, graded=False, scratch=scratch)
+    outcome = Graded(student, fp, graded=False, scratch=scratch)
     watched = [scratch / "sandbox", Path(sockets)]
     extra = [f"--Execute.timeout={settings.cell_timeout}"] if settings.cell_timeout else []
     deadline = start + settings.timeout
@@ -252,7 +278,7 @@ def _report(scratch: Path) -> dict:
         return {}
 
 
-def _read_scores(scratch: Path, name: str, student: str, outcome: Outcome) -> None:
+def _read_scores(scratch: Path, name: str, student: str, outcome: Graded) -> None:
     try:
         with open_gradebook(gradebook_url(scratch)) as gb:
             sub = gb.find_submission(name, student)
@@ -267,5 +293,5 @@ def _read_scores(scratch: Path, name: str, student: str, outcome: Outcome) -> No
         pass   # nbgrader failed before recording the submission: zeros are recorded for it
 
 
-__all__ = ["Outcome", "Running", "Settings", "fingerprint", "grade_one", "kill_tree",
+__all__ = ["Graded", "Running", "Settings", "fingerprint", "grade_one", "kill_tree",
            "open_gradebook"]

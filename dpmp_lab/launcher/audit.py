@@ -74,7 +74,6 @@ class _Mark:
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _DIST_DIR = os.path.join(_TORCH_DIR, "distributed") + os.sep
-_OUR_DIR = os.path.dirname(__file__) + os.sep
 _C10D_MODULE = "torch.distributed.distributed_c10d"
 
 # Ops that may take tensors on both devices under CUDA: copies, moves and indexing.
@@ -468,8 +467,9 @@ def _user_frame():
     frame = sys._getframe(1)
     while frame is not None:
         path = frame.f_code.co_filename
-        if not (path.startswith(_TORCH_DIR) or path.startswith(_OUR_DIR)
-                or os.sep + "contextlib.py" in path):
+        module = frame.f_globals.get("__name__", "")
+        ours = module == "dpmp_lab" or module.startswith("dpmp_lab.")   # by package, any folder
+        if not (path.startswith(_TORCH_DIR) or ours or os.sep + "contextlib.py" in path):
             return frame
         frame = frame.f_back
     return None

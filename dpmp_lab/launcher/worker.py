@@ -16,7 +16,8 @@ itself is told so (Returned.destroyed_group).
 Nothing a rank starts outlives it: the rank is the subreaper of its descendants (they stay
 below it even when they leave its session) and kills them as it ends (processes.py).
 
-Inside a rank, `rank()`, `world_size()` and `device()` tell the function where it runs.
+The rank's context (dpmp_lab.context: `rank()`, `world_size()`, `device()`) is set here as the
+rank starts.
 """
 
 from __future__ import annotations
@@ -40,9 +41,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dpmp_lab import audit, collective_inputs, integrity, processes, serialize, trace
-from dpmp_lab._helpers import group_ready
-from dpmp_lab.protocol import MAX_RESULT_BYTES, Message, Raised, Returned, Started
+from dpmp_lab import context, integrity, trace
+from dpmp_lab.context import RankContext, nccl_backend
+from dpmp_lab.launcher import audit, collective_inputs, processes, serialize
+from dpmp_lab.launcher.protocol import MAX_RESULT_BYTES, Message, Raised, Returned, Started
 from dpmp_lab.render import human_bytes
 
 REAP_S = 1.0  # at the end of a rank: time for the processes it killed to end
@@ -68,70 +70,6 @@ class RankSpec:
     max_result_bytes: int = MAX_RESULT_BYTES
 
 
-@dataclass(frozen=True)
-class RankContext:
-    """Where this rank runs: what rank(), world_size() and device() answer inside it."""
-
-    rank: int
-    world_size: int
-    device: torch.device
-
-
-_context: RankContext | None = None
-
-
-def _outside_a_rank(name: str) -> RuntimeError:
-    return RuntimeError(
-        f"dl.{name}() only has a meaning inside a rank: call it from a function started by "
-        "dl.launch(...) or a %%distributed cell (or after init_process_group under torchrun)."
-    )
-
-
-def rank() -> int:
-    """This process's rank in the default process group."""
-    if _context is not None:
-        return _context.rank
-    if group_ready():
-        return dist.get_rank()
-    raise _outside_a_rank("rank")
-
-
-def world_size() -> int:
-    """How many ranks the default process group has."""
-    if _context is not None:
-        return _context.world_size
-    if group_ready():
-        return dist.get_world_size()
-    raise _outside_a_rank("world_size")
-
-
-def device() -> torch.device:
-    """The device this rank computes on: cuda:<local rank> when its group has nccl, else cpu.
-
-    Make every tensor, model and buffer of a rank there (`torch.zeros(n, device=dl.device())`,
-    `model.to(dl.device())`): nccl moves GPU memory only. In a device audit (audit.py) this is
-    `cpu:0`, the audit's stand-in for the GPU."""
-    if _context is not None:
-        return _context.device
-    if group_ready():
-        if uses_nccl():
-            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", dist.get_rank())))
-        return torch.device("cpu")
-    raise _outside_a_rank("device")
-
-
-def uses_nccl(group: dist.ProcessGroup | None = None) -> bool:
-    """Whether `group` (default: the default group) moves CUDA tensors through nccl, whether
-    it was made with "nccl" or with torch's combined "cpu:gloo,cuda:nccl"."""
-    return "nccl" in str(dist.get_backend(group))
-
-
-def nccl_backend() -> str:
-    """What a launch under nccl initialises: CUDA tensors through nccl, CPU tensors through
-    gloo (torch's own default form), so a CPU tensor in a collective is slow, not an error."""
-    return "cpu:gloo,cuda:nccl"
-
-
 def rank_main(spec: RankSpec, out_w: Connection, err_w: Connection, msg_w: Connection,
               dump_w: Connection, release_r: Connection) -> None:
     """Entry point of a rank process (the target of multiprocessing.Process)."""
@@ -153,11 +91,10 @@ def rank_main(spec: RankSpec, out_w: Connection, err_w: Connection, msg_w: Conne
 
 
 def _run(spec: RankSpec, msg_w: Connection, release_r: Connection) -> None:
-    global _context
     try:
         with audit.auditing() if spec.device_audit else contextlib.nullcontext():
             fn, args, kwargs = _load_payload(spec)
-            _context = _init_process_group(spec)
+            context.enter(_init_process_group(spec))
             with collective_inputs.checked():
                 value, trace = _call_user(fn, args, kwargs, spec.trace)
             destroyed = not dist.is_initialized()  # fn called dist.destroy_process_group()

@@ -1,0 +1,277 @@
+"""nbgrader's side of grades a class can trust: how a submission is executed, judged and fed
+back. nbgrader_config.py calls `configure(c)`; `dpmp-lab grade` adds one job's settings.
+
+- `GuardedExecute` replaces nbgrader's Execute step: the kernel runs in the sandbox
+  (sandbox_kernel.py); every graded test cell gets a receipt line (receipts.py); output is
+  counted as it arrives and a cell or a notebook over its limit ends the job; afterwards the
+  learner's cells are scanned (scan.py) and every receipt is checked. A finding (a write into
+  the grader, an escape hatch, a test cell that "passed" without its receipt or with a
+  tampered kernel) zeroes every graded cell with the reasons as its error, and is written to
+  the job's report, from which `dpmp-lab grade` flags the submission for manual grading.
+- `HideHiddenTests` runs in generate_feedback: it removes the hidden tests from the cells
+  (nbgrader's ClearHiddenTests) and masks every line of them wherever it appears in an
+  output (a traceback of a failed hidden assert prints its line), so feedback never carries
+  the hidden tests.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import nbformat
+from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
+from nbgrader.api import Gradebook, MissingEntry
+from nbgrader.converters import Autograde
+from nbgrader.preprocessors import ClearHiddenTests, Execute, GetGrades
+from traitlets import Bool, Integer, Unicode
+
+from dpmp_lab.instructor import receipts, scan
+from dpmp_lab.instructor.limits import Limits
+from dpmp_lab.instructor.sandbox_kernel import SandboxedKernelManager
+
+FORGED = "TamperingDetected"
+HIDDEN_LINE = "[a line of the hidden tests]"
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+IMPORTS = ("import ", "from ")
+
+
+class OutputLimitExceeded(RuntimeError):
+    """A cell or the notebook printed more than its limit: the job ends here."""
+
+
+def _nbgrader(cell: Any) -> dict:
+    return cell.metadata.get("nbgrader", {}) if cell.cell_type == "code" else {}
+
+
+def split_cells(nb: Any, own: dict[str, str] | None = None) -> tuple[list, list, list]:
+    """(the learner's cells, the notebook's own cells, the graded test cells).
+
+    The notebook's own cells are its locked ones, and where `own` (grade_id -> source, from
+    the gradebook) is given, only those with that id and that source: a cell the learner added,
+    or marked locked themselves, is theirs, and scanned like their answers."""
+    code = [c for c in nb.cells if c.cell_type == "code"]
+
+    def is_own(cell: Any) -> bool:
+        meta = _nbgrader(cell)
+        if own is None:
+            return bool(meta.get("locked")) and not meta.get("solution")
+        return own.get(meta.get("grade_id", "")) == cell.source
+
+    given = [c for c in code if is_own(c)]
+    mine = [c for c in code if not is_own(c)]
+    tests = [c for c in given if _nbgrader(c).get("grade")]
+    return mine, given, tests
+
+
+def own_cells(resources: Any) -> dict[str, str] | None:
+    """{grade_id: source} of the assignment's locked cells, as the gradebook holds them (what
+    nbgrader's OverwriteCells put back), or None outside an autograde."""
+    info = (resources or {}).get("nbgrader") or {}
+    if not info.get("db_url") or not info.get("notebook"):
+        return None
+    try:
+        with Gradebook(info["db_url"]) as gb:
+            notebook = gb.find_notebook(info["notebook"], info["assignment"])
+            return {c.name: c.source for c in notebook.source_cells
+                    if c.locked and c.cell_type == "code"}
+    except MissingEntry:
+        return None
+
+
+def _fails(out: Any) -> bool:
+    """What makes nbgrader give a test cell zero: an error, or anything on stderr."""
+    return out.output_type == "error" or (out.output_type == "stream"
+                                          and out.get("name") == "stderr")
+
+
+def mark_forged(nb: Any, reasons: list[str]) -> str:
+    """Zero every graded cell of `nb`, with the reasons as its error; the message."""
+    message = ("this notebook cannot be graded automatically: "
+               + "; ".join(reasons[:12]) + (" ..." if len(reasons) > 12 else "")
+               + ". Every graded cell scores 0 and your instructor is told; if this is a "
+               "mistake, remove those lines and submit again.")
+    for cell in nb.cells:
+        if _nbgrader(cell).get("grade"):
+            cell.outputs.append(nbformat.v4.new_output(
+                "error", ename=FORGED, evalue=message, traceback=[f"{FORGED}: {message}"]))
+    return message
+
+
+def _size(value: Any) -> int:
+    """Roughly the bytes a message's content holds (its strings, and 8 per item)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(_size(k) + _size(v) for k, v in value.items()) + 8
+    if isinstance(value, (list, tuple)):
+        return sum(_size(v) for v in value) + 8
+    return 8
+
+
+class GuardedExecute(Execute):
+    """nbgrader's Execute, with the sandbox, receipts, output limits and the scan."""
+
+    sandbox = Bool(True, help="Run the kernel in the sandbox (sandbox.py)").tag(config=True)
+    cell_output_bytes = Integer(Limits().cell_output_kb * 1024,
+                                help="Output bytes one cell may send").tag(config=True)
+    notebook_output_bytes = Integer(Limits().notebook_output_mb * 2**20,
+                                    help="Output bytes a notebook may send").tag(config=True)
+    report_path = Unicode("", help="Where to write what this run found, as JSON, for "
+                          "`dpmp-lab grade` (empty: nowhere)").tag(config=True)
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if self.sandbox:
+            self.kernel_manager_class = SandboxedKernelManager
+        self._bytes: dict[int, int] = {}
+        self.found: dict = {}
+
+    def preprocess(self, nb: Any, resources: Any = None, km: Any = None) -> tuple[Any, Any]:
+        mine, given, tests = split_cells(nb, own_cells(resources))
+        names = receipts.imported_names(c.source for c in given)
+        nonces = receipts.add(tests, names)
+        self._bytes = {}
+        self.found = {"sandbox": self.sandbox, "limit": None, "forgery": [], "receipts": 0}
+        failure: BaseException | None = None
+        try:
+            nb, resources = super().preprocess(nb, resources, km)
+        except BaseException as exc:   # a limit, a dead kernel: judged below, then raised
+            failure = exc
+        try:
+            self._judge(nb, mine, given, tests, nonces, ran=failure is None)
+        finally:
+            self._write_report()
+        if failure is not None:
+            raise failure
+        return nb, resources
+
+    def _judge(self, nb: Any, mine: list, given: list, tests: list, nonces: dict[int, str],
+               ran: bool) -> None:
+        expected = receipts.expected_digests() if ran else {}
+        forged = []
+        for i, cell in enumerate(tests):
+            found = receipts.strip(cell)
+            passed = not any(_fails(o) for o in cell.outputs)
+            if ran and passed:
+                self.found["receipts"] += 1
+                for problem in receipts.problems(found, nonces[i], expected):
+                    forged.append(f"{_nbgrader(cell).get('grade_id', '?')}: {problem}")
+        for cell in mine + [c for c in given if c not in tests]:
+            receipts.strip(cell)   # a receipt published from a learner's cell means nothing
+        reasons = scan.scan([c.source for c in mine], context=[c.source for c in given])
+        reasons += forged
+        if reasons:
+            self.found["forgery"] = reasons
+            mark_forged(nb, reasons)
+
+    def process_message(self, msg: dict, cell: Any, cell_index: int) -> Any:
+        size = _size(msg.get("content"))
+        self._bytes[cell_index] = self._bytes.get(cell_index, 0) + size
+        total = sum(self._bytes.values())
+        if self._bytes[cell_index] > self.cell_output_bytes:
+            self._over(f"one cell printed more than its output limit of "
+                       f"{self.cell_output_bytes // 1024} KiB")
+        if total > self.notebook_output_bytes:
+            self._over(f"the notebook printed more than its output limit of "
+                       f"{self.notebook_output_bytes // 2**20} MiB")
+        return super().process_message(msg, cell, cell_index)
+
+    def _over(self, why: str) -> None:
+        self.found["limit"] = why
+        raise OutputLimitExceeded(why)
+
+    def _write_report(self) -> None:
+        if self.report_path:
+            path = Path(self.report_path)
+            path.with_suffix(".tmp").write_text(json.dumps(self.found))
+            path.with_suffix(".tmp").replace(path)
+
+
+class HideHiddenTests(ClearHiddenTests):
+    """Feedback without the hidden tests: not in the cells, not in any output."""
+
+    min_length = Integer(8, help="Hidden lines shorter than this are not masked in outputs "
+                         "(`)` or `else:` say nothing)").tag(config=True)
+
+    def preprocess(self, nb: Any, resources: Any) -> tuple[Any, Any]:
+        hidden = hidden_lines(nb, self.begin_test_delimeter, self.end_test_delimeter,
+                              self.min_length)
+        nb, resources = super().preprocess(nb, resources)
+        for cell in nb.cells:
+            for out in cell.get("outputs", []):
+                mask_output(out, hidden)
+        return nb, resources
+
+
+def hidden_lines(nb: Any, begin: str = "BEGIN HIDDEN TESTS", end: str = "END HIDDEN TESTS",
+                 min_length: int = 8) -> set[str]:
+    """The stripped lines between the hidden-test markers of every cell that no visible part
+    of the notebook holds too, even within a longer line (a check called in both parts is no
+    secret), imports aside."""
+    hidden, visible, inside = set(), set(), False
+    for cell in nb.cells:
+        for line in cell.source.splitlines():
+            if begin in line:
+                inside = True
+            elif end in line:
+                inside = False
+            elif len(line.strip()) >= min_length and not line.lstrip().startswith(IMPORTS):
+                (hidden if inside else visible).add(line.strip())
+        inside = False
+    return {h for h in hidden if not any(h in v for v in visible)}
+
+
+def _masked(text: str, hidden: set[str]) -> str:
+    lines = ANSI.sub("", text).split("\n")
+    return "\n".join(HIDDEN_LINE if any(h in line for h in hidden) else line for line in lines)
+
+
+def mask_output(out: Any, hidden: set[str]) -> None:
+    """Replace every line of an output that holds a hidden line (ANSI colours removed)."""
+    if not hidden:
+        return
+    if out.get("output_type") == "stream":
+        out["text"] = _masked(out.get("text", ""), hidden)
+    elif out.get("output_type") == "error":
+        out["evalue"] = _masked(out.get("evalue", ""), hidden)
+        out["traceback"] = [_masked(t, hidden) for t in out.get("traceback", [])]
+    else:
+        data = out.get("data", {})
+        for mime in ("text/plain", "text/html", "text/markdown", "text/latex"):
+            if isinstance(data.get(mime), str):
+                data[mime] = _masked(data[mime], hidden)
+
+
+def autograde_preprocessors(defaults: list) -> list:
+    """nbgrader's autograde preprocessors with GuardedExecute in place of Execute."""
+    return [GuardedExecute if p is Execute else p for p in defaults]
+
+
+def feedback_preprocessors() -> list:
+    return [GetGrades, HideHiddenTests, CSSHTMLHeaderPreprocessor]
+
+
+def configure(c: Any, job: dict | None = None) -> None:
+    """Set nbgrader up for trusted grading (nbgrader_config.py calls this); `job`: one
+    submission's settings from `dpmp-lab grade` (sandbox on or off, its folders, what the
+    sandbox hides, output limits, where to write its report)."""
+    c.Autograde.autograde_preprocessors = autograde_preprocessors(
+        Autograde.class_traits()["autograde_preprocessors"].default())
+    c.GenerateFeedback.preprocessors = feedback_preprocessors()
+    job = job or {}
+    if "sandbox" in job:
+        c.GuardedExecute.sandbox = bool(job["sandbox"])
+    for key in ("cell_output_bytes", "notebook_output_bytes", "report_path"):
+        if key in job:
+            setattr(c.GuardedExecute, key, job[key])
+    for key in ("job_dir", "socket_dir", "hidden"):
+        if key in job:
+            setattr(c.SandboxedKernelManager, key, job[key])
+
+
+__all__ = ["GuardedExecute", "HideHiddenTests", "OutputLimitExceeded", "autograde_preprocessors",
+           "configure", "feedback_preprocessors", "hidden_lines", "mark_forged", "mask_output",
+           "split_cells"]
