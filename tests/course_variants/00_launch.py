@@ -45,6 +45,16 @@ def gather_partial_sums(n: int, rows_of) -> tuple[list[float], float]:
     return partials, sum(partials)
 '''
 
+# Right numbers, but its input is every rank's slot: N numbers in, most of them zeros
+ALL_REDUCE_OF_SLOTS = '''
+def gather_partial_sums(n: int, rows_of) -> tuple[list[float], float]:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    slots = torch.zeros(world, dtype=torch.float64, device=dl.device())
+    slots[rank] = float(sum(i * i for i in rows_of(n, rank, world)))
+    dist.all_reduce(slots)
+    return slots.tolist(), slots.sum().item()
+'''
+
 # Right on 2 ranks, where "the others" is one rank: the total minus mine is its part.
 TWO_RANK_THINKING = '''
 def gather_partial_sums(n: int, rows_of) -> tuple[list[float], float]:
@@ -88,6 +98,9 @@ VARIANTS = [
      "loses": ["gather_tests", "gather_comm_tests"],
      "visible": ["gather_tests", "gather_comm_tests"],
      "visible_says": ["every position holds the total", "an all_reduce where an all_gather"]},
+    {"name": "right numbers, an all_reduce of every rank's slot (N numbers in, not one)",
+     "replace": {"gather": ALL_REDUCE_OF_SLOTS}, "loses": ["gather_comm_tests"],
+     "visible": ["gather_comm_tests"], "visible_says": ["an all_reduce where an all_gather"]},
     {"name": "right numbers, one broadcast per rank instead of one all_gather",
      "replace": {"gather": ONE_BROADCAST_PER_RANK}, "loses": ["gather_comm_tests"],
      "visible": ["gather_comm_tests"], "visible_says": ["a single dist.all_gather"]},
