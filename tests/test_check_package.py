@@ -149,12 +149,12 @@ def test_scale_hints_fire_in_order_and_a_graders_entry_speaks_first():
     hint = ScaleHint(lambda s: s.factor == -1, "the sign is flipped: loss or gradient negated")
     SCALE_HINTS.insert(0, hint)
     try:
-        assert hints.scale_hint(-e, e, 1e-10, 1e-10) == hint.says
+        assert hints.keyed_scale_hint(-e, e, 1e-10, 1e-10)[1] == hint.says
     finally:
         SCALE_HINTS.remove(hint)
-    assert hints.scale_hint(-e, e, 1e-10, 1e-10) == (
+    assert hints.keyed_scale_hint(-e, e, 1e-10, 1e-10)[1] == (
         "every element is -1x the reference (a wrong scale factor)")
-    assert hints.scale_hint(e + 1, e, 1e-10, 1e-10) == ""     # not a scaled copy: no guess
+    assert hints.keyed_scale_hint(e + 1, e, 1e-10, 1e-10)[1] == ""     # not a scaled copy: no guess
 
 
 # -- references switched off wherever the library holds them -----------------------------------
@@ -204,14 +204,14 @@ def test_targets_are_checked():
 def test_writes_into_a_check_submodule_are_refused_or_caught():
     with pytest.raises(TamperingDetected, match="dpmp_lab.check.communication.comm cannot be"):
         dl.check.communication.comm = lambda *args, **kwargs: None
-    original = hints.likely_mistakes
-    vars(hints)["likely_mistakes"] = lambda table, custom=None: []
+    original = hints.keyed_likely_mistakes
+    vars(hints)["keyed_likely_mistakes"] = lambda table, custom=None: []
     try:
-        assert integrity.changes() == ["dpmp_lab.check.hints.likely_mistakes was replaced"]
-        with pytest.raises(TamperingDetected, match="likely_mistakes was replaced"):
+        assert integrity.changes() == ["dpmp_lab.check.hints.keyed_likely_mistakes was replaced"]
+        with pytest.raises(TamperingDetected, match="keyed_likely_mistakes was replaced"):
             dl.check.comm(trace_of(), {})
     finally:
-        vars(hints)["likely_mistakes"] = original
+        vars(hints)["keyed_likely_mistakes"] = original
     integrity.verify()
 
 

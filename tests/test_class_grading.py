@@ -282,4 +282,5 @@ def test_an_exercises_own_words_and_a_scale_hint_are_keyed():
     e = torch.arange(1.0, 5.0)
     assert hints.keyed_scale_hint(4 * e, e, 1e-6, 1e-6, world=4)[0] == (
         "scale.sum_over_ranks_not_divided")
-    assert hints.scale_hint(4 * e, e, 1e-6, 1e-6, world=4).startswith("every element is 4x")
+    assert hints.keyed_scale_hint(4 * e, e, 1e-6, 1e-6, world=4)[1].startswith(
+        "every element is 4x")
