@@ -470,6 +470,19 @@ def test_every_module_a_learner_reads_says_what_it_offers():
     assert not unbound, f"__all__ names what the module does not bind: {unbound}"
 
 
+def test_no_test_module_imports_another():
+    """A test file is read on its own: what two of them share lives in a helper module
+    (tests/notebook_sources.py, tests/hybrid_reference.py, conftest.py), never in a test_ file."""
+    found = []
+    for path in sorted((PACKAGE_DIR.parent / "tests").glob("*.py")):
+        for node, _ in _imports(ast.parse(path.read_text())):
+            names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
+                     else [a.name for a in node.names])
+            found += [f"{path.name}:{node.lineno} imports {n}" for n in names
+                      if n.split(".")[-1].startswith("test_")]
+    assert not found, "\n".join(found)
+
+
 def test_render_imports_nothing_from_dpmp_lab():
     tree = ast.parse((PACKAGE_DIR / "render.py").read_text())
     found = [f"line {node.lineno}: {ast.unparse(node)}" for node, _ in _imports(tree)

@@ -23,6 +23,7 @@ from dpmp_lab import cli
 from dpmp_lab.check import hints
 from dpmp_lab.instructor import class_report, course, grading, grading_job, sandbox
 
+from .comm_cases import COMM_CASES, comm_failure, trace_of
 from .grading_class import (
     AGAIN,
     ALL_REDUCE,
@@ -39,8 +40,7 @@ from .grading_class import (
     run_processes,
     stopped_here,
 )
-from .test_check_package import COMM_CASES, comm_failure, trace_of
-from .test_course import source_notebook
+from .notebook_sources import source_notebook
 
 pytestmark = [pytest.mark.timeout(1500), pytest.mark.slow, pytest.mark.skipif(
     sandbox.problem() is not None and os.environ.get("CI") != "true",
