@@ -37,7 +37,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.distributed as dist
 
-from dpmp_lab.context import device
+from dpmp_lab.context import device, synchronize
 from dpmp_lab.launcher.launch import launch
 from dpmp_lab.profiling import Interval, Profile, profile
 from dpmp_lab.render import Table, human_bytes
@@ -83,11 +83,6 @@ def _check_counts(warmup: int, repeats: int) -> None:
         raise ValueError(f"repeats must be a whole number from 1 to 1000, not {repeats!r}")
 
 
-def _synchronize() -> None:
-    if device().type == "cuda":
-        torch.cuda.synchronize(device())
-
-
 def time_in_ranks(fn: Callable[..., Any], *args: Any, warmup: int = 2, repeats: int = 5,
                   group: dist.ProcessGroup | None = None, **kwargs: Any) -> Timing:
     """Time `fn(*args, **kwargs)` on every rank of `group` (inside a rank; every rank calls it).
@@ -99,13 +94,13 @@ def time_in_ranks(fn: Callable[..., Any], *args: Any, warmup: int = 2, repeats: 
     _check_counts(warmup, repeats)
     for _ in range(warmup):
         fn(*args, **kwargs)
-    _synchronize()
+    synchronize()
     mine = []
     for _ in range(repeats):
         dist.barrier(group=group)
         start = time.perf_counter()
         fn(*args, **kwargs)
-        _synchronize()
+        synchronize()
         mine.append(time.perf_counter() - start)
     size = dist.get_world_size(group)
     local = torch.tensor(mine, dtype=torch.float64, device=device())

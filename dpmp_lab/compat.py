@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
+__all__ = ["provide_new_collective_names"]
+
 
 def provide_new_collective_names() -> None:
     if not dist.is_available():

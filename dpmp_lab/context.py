@@ -16,7 +16,8 @@ import torch.distributed as dist
 
 from dpmp_lab._helpers import group_ready
 
-__all__ = ["RankContext", "device", "enter", "nccl_backend", "rank", "uses_nccl", "world_size"]
+__all__ = ["RankContext", "device", "enter", "nccl_backend", "rank", "synchronize", "uses_nccl",
+           "world_size"]
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,13 @@ def device() -> torch.device:
             return torch.device("cuda", int(os.environ.get("LOCAL_RANK", dist.get_rank())))
         return torch.device("cpu")
     raise _outside_a_rank("device")
+
+
+def synchronize() -> None:
+    """Wait for this rank's device to finish what was queued (a no-op on the CPU): what a timer
+    must do before it reads the clock, since CUDA kernels run after the call returns."""
+    if device().type == "cuda":
+        torch.cuda.synchronize(device())
 
 
 def uses_nccl(group: dist.ProcessGroup | None = None) -> bool:

@@ -42,6 +42,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from dpmp_lab._helpers import group_ready, whole_number
 from dpmp_lab.trace import name_group
 
+__all__ = ["Coords", "GROUPS", "GridLayout", "KINDS", "ProcessGrid"]
+
 KINDS = ("pp", "dp", "cp", "tp")       # the mesh's dimensions, slowest first
 GROUPS = (*KINDS, "ep")                  # ep: a sub-group of dp
 

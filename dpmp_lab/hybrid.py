@@ -38,6 +38,8 @@ from dpmp_lab.models import GPTConfig, TinyGPT
 from dpmp_lab.pp import Stage, run_schedule, split_pieces
 from dpmp_lab.tp import parallelize_gpt, sharding, tp_lm_loss
 
+__all__ = ["SMALL", "main", "train", "train_single_process"]
+
 SMALL = GPTConfig(vocab_size=32, seq_len=8, d_model=16, n_heads=4, n_layers=2, d_ff=32)
 
 

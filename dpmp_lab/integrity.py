@@ -35,6 +35,10 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
+__all__ = ["GRADER_MODULES", "GRADER_PACKAGES", "GUARDED_CLASSES", "GUARDED_MODULES",
+           "TORCH_MODULES", "TamperingDetected", "changes", "grading", "guarded_count", "protect",
+           "swapped", "verify"]
+
 # The grader's modules, whose functions and classes are guarded: the package's facade (with all
 # it re-exports), these modules, and every module of these packages, found on disk, so that a
 # module added to check/ or launcher/ is guarded without a word here, and a renamed one fails

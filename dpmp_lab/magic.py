@@ -32,6 +32,8 @@ from dpmp_lab import viz
 from dpmp_lab.launcher.launch import launch
 from dpmp_lab.launcher.serialize import dumps
 
+__all__ = ["names_read", "register", "run_cell"]
+
 _cells = itertools.count(1)
 
 # IPython's own bookkeeping names: never what a cell means by a variable.

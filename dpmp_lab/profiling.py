@@ -27,14 +27,9 @@ import torch.distributed as dist
 from torch.profiler import ProfilerActivity
 from torch.profiler import profile as torch_profile
 
-from dpmp_lab.context import device
+from dpmp_lab.context import device, synchronize
 
 __all__ = ["Interval", "Profile", "intervals_from_events", "profile"]
-
-
-def _synchronize() -> None:
-    if device().type == "cuda":
-        torch.cuda.synchronize(device())
 
 
 class Interval(NamedTuple):
@@ -205,7 +200,7 @@ def profile(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, Pro
     try:
         with torch.profiler.record_function("dpmp_lab.bench.profile"):
             out = fn(*args, **kwargs)
-            _synchronize()
+            synchronize()
     finally:
         with _quiet_native_stderr():
             prof.stop()

@@ -13,6 +13,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
+__all__ = ["PALETTE", "Picture", "Table", "cell", "human_bytes", "svg_start"]
+
 # one colour per rank, group or tp place; the same order everywhere (Tableau 10)
 PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1",
            "#ff9da7"]

@@ -54,6 +54,9 @@ import torch
 from dpmp_lab._helpers import group_ready
 from dpmp_lab.render import Table, human_bytes
 
+__all__ = ["BackwardOverlap", "CommEvent", "GradReady", "OPS", "Trace", "matcher", "name_group",
+           "trace", "traces_of", "watch_calls"]
+
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "gather", "scatter",
        "all_to_all", "send", "recv", "barrier")
 

@@ -35,7 +35,7 @@ from dpmp_lab.instructor import course, grading, limits
 from dpmp_lab.instructor.limits import Limits
 
 from .conftest import ROOT
-from .test_course import _with_replacements, source_notebook, variants
+from .notebook_sources import source_notebook, variants, with_replacements
 
 NAME = "00_launch"
 VARIANTS = {v["name"]: v for v in variants(NAME)}
@@ -179,7 +179,7 @@ def notebook_of(handed, released: nbformat.NotebookNode) -> nbformat.NotebookNod
             if cell.metadata.get("nbgrader", {}).get("grade_id") in handed[1]:
                 cell.source = handed[1][cell.metadata["nbgrader"]["grade_id"]]
         return nb
-    return _with_replacements(source_notebook(NAME), handed)
+    return with_replacements(source_notebook(NAME), handed)
 
 
 def tree_hash(path: Path) -> str:

@@ -20,7 +20,9 @@ new maintainer can read top to bottom.
 4. A name with a leading underscore is its module's own: no other module of the package imports
    it (`from dpmp_lab.x import _name`) or reads it from the module (`x._name`); a name that
    several modules use is public.
-5. The layers: LAYERS below gives every module its layer, and a module imports only from its own
+5. Every module outside launcher/ and instructor/ (what a learner may open, and the grader's
+   check/) says what it offers in `__all__`, and every name there is bound in the module.
+6. The layers: LAYERS below gives every module its layer, and a module imports only from its own
    layer or below. ARCHITECTURE.md draws the same map: every entry of LAYERS is named on the
    line of its layer there.
 """
@@ -429,6 +431,56 @@ def test_a_private_name_imported_elsewhere_is_found(tmp_path):
                                        "        return self._own\n"})
     assert private_names_used_elsewhere(root) == [
         "pkg.b: a._mine (line 3)", "pkg.b: from pkg.a import _mine (line 1)"]
+
+
+MACHINERY = ("launcher", "instructor", "_helpers", "cli")   # no learner reads these
+
+
+def exported_names(path: Path) -> tuple[list[str] | None, set[str]]:
+    """(the module's __all__, or None, and the names its top level binds)."""
+    tree = ast.parse(path.read_text())
+    listed, bound = None, set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+                if isinstance(target, ast.Name):
+                    bound.add(target.id)
+                    if target.id == "__all__":
+                        listed = [e.value for e in node.value.elts]
+    return listed, bound
+
+
+def test_every_module_a_learner_reads_says_what_it_offers():
+    missing, unbound = [], []
+    for module, path in find_modules(PACKAGE_DIR).items():
+        name = module.removeprefix(PACKAGE_DIR.name).removeprefix(".")
+        if not name or name.split(".")[0] in MACHINERY or path.name == "__init__.py" and \
+                not path.read_text().strip().replace('"""', "").strip():
+            continue
+        listed, bound = exported_names(path)
+        if listed is None:
+            missing.append(module)
+        else:
+            unbound += [f"{module}.{n}" for n in listed if n not in bound]
+    assert not missing, f"modules a learner reads without __all__: {missing}"
+    assert not unbound, f"__all__ names what the module does not bind: {unbound}"
+
+
+def test_no_test_module_imports_another():
+    """A test file is read on its own: what two of them share lives in a helper module
+    (tests/notebook_sources.py, tests/hybrid_reference.py, conftest.py), never in a test_ file."""
+    found = []
+    for path in sorted((PACKAGE_DIR.parent / "tests").glob("*.py")):
+        for node, _ in _imports(ast.parse(path.read_text())):
+            names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
+                     else [a.name for a in node.names])
+            found += [f"{path.name}:{node.lineno} imports {n}" for n in names
+                      if n.split(".")[-1].startswith("test_")]
+    assert not found, "\n".join(found)
 
 
 def test_render_imports_nothing_from_dpmp_lab():

@@ -298,7 +298,7 @@ def test_references_run_under_the_audit(warm):
 
 @pytest.mark.parametrize("dp, tp, pp", [(2, 2, 1), (1, 2, 2)])
 def test_hybrid_training_under_the_audit_equals_single_process(warm, dp, tp, pp):
-    from .test_hybrid import STEPS, check_against_reference
+    from .hybrid_reference import STEPS, check_against_reference
 
     res = dl.launch(hybrid.train, dp, tp, pp, steps=STEPS, dtype=torch.float64,
                     world_size=dp * tp * pp, device_audit=True, stream=False, timeout=120)

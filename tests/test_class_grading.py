@@ -23,6 +23,7 @@ from dpmp_lab import cli
 from dpmp_lab.check import hints
 from dpmp_lab.instructor import class_report, course, grading, grading_job, sandbox
 
+from .comm_cases import COMM_CASES, comm_failure, trace_of
 from .grading_class import (
     AGAIN,
     ALL_REDUCE,
@@ -39,8 +40,7 @@ from .grading_class import (
     run_processes,
     stopped_here,
 )
-from .test_check_package import COMM_CASES, comm_failure, trace_of
-from .test_course import source_notebook
+from .notebook_sources import source_notebook
 
 pytestmark = [pytest.mark.timeout(1500), pytest.mark.slow, pytest.mark.skipif(
     sandbox.problem() is not None and os.environ.get("CI") != "true",
@@ -282,4 +282,5 @@ def test_an_exercises_own_words_and_a_scale_hint_are_keyed():
     e = torch.arange(1.0, 5.0)
     assert hints.keyed_scale_hint(4 * e, e, 1e-6, 1e-6, world=4)[0] == (
         "scale.sum_over_ranks_not_divided")
-    assert hints.scale_hint(4 * e, e, 1e-6, 1e-6, world=4).startswith("every element is 4x")
+    assert hints.keyed_scale_hint(4 * e, e, 1e-6, 1e-6, world=4)[1].startswith(
+        "every element is 4x")

@@ -9,7 +9,6 @@ import contextlib
 import copy
 import dataclasses
 import functools
-import importlib.util
 import json
 import os
 import re
@@ -25,6 +24,7 @@ from nbclient import NotebookClient
 from dpmp_lab.instructor import course
 
 from .conftest import ROOT, stray_processes
+from .notebook_sources import cells_by_kind, source_notebook, variants, with_replacements
 
 # Grading every submission of every assignment takes many minutes on 2 cores; the fixture's
 # time counts against the first test that uses it.
@@ -33,27 +33,7 @@ pytestmark = [pytest.mark.timeout(4800), pytest.mark.slow]
 # DPMP_LAB_ASSIGNMENTS=02_data_parallel,04_pipeline: only those (an author's quick round trip)
 _ONLY = [a for a in os.environ.get("DPMP_LAB_ASSIGNMENTS", "").split(",") if a]
 ASSIGNMENTS = [a for a in course.assignments(ROOT) if not _ONLY or a in _ONLY]
-VARIANTS_DIR = ROOT / "tests" / "course_variants"
 GRADE_JOBS = int(os.environ.get("DPMP_LAB_GRADE_JOBS", "4"))   # assignments graded at once
-
-
-def variants(name: str) -> list[dict]:
-    path = VARIANTS_DIR / f"{name}.py"
-    if not path.exists():
-        return []
-    spec = importlib.util.spec_from_file_location(f"variants_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.VARIANTS
-
-
-def source_notebook(name: str) -> nbformat.NotebookNode:
-    return nbformat.read(ROOT / "solutions" / name / f"{name}.ipynb", as_version=4)
-
-
-def cells_by_kind(nb: nbformat.NotebookNode, kind: str) -> list[str]:
-    return [c.metadata["nbgrader"]["grade_id"] for c in nb.cells
-            if c.metadata.get("nbgrader", {}).get(kind)]
 
 
 def test_there_are_assignments():
@@ -116,7 +96,7 @@ def test_a_device_mistake_fails_its_test_cell_under_the_audit(name, cell, test_c
     if name not in ASSIGNMENTS:
         pytest.skip(f"{name} is not among DPMP_LAB_ASSIGNMENTS")
     monkeypatch.setenv("DPMP_LAB_DEVICE_AUDIT", "1")
-    nb = _with_replacements(source_notebook(name), solution_editor(name)(cell, edit))
+    nb = with_replacements(source_notebook(name), solution_editor(name)(cell, edit))
     NotebookClient(nb, timeout=600, kernel_name="python3", allow_errors=True,
                    resources={"metadata": {"path": str(ROOT / "solutions" / name)}}).execute()
     failed = {c.metadata["nbgrader"]["grade_id"]: "\n".join(o.traceback)
@@ -254,7 +234,7 @@ def learner_view_sample() -> list[tuple[str, dict]]:
 def _learner_view_failures(name: str, variant: dict) -> dict[str, str]:
     """Run the learner's view of `name` with the mistake written in, up to the visible test
     cells the variant names; return {grade_id: error text} of the cells that failed."""
-    nb = _with_replacements(source_notebook(name), variant["replace"])
+    nb = with_replacements(source_notebook(name), variant["replace"])
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.source = HIDDEN.sub("", cell.source)
@@ -316,7 +296,7 @@ def writes_into_the_grader(name: str, variant: dict) -> bool:
     from dpmp_lab.instructor import scan
     from dpmp_lab.instructor.nbgrader_plugin import split_cells
 
-    mine, given, _ = split_cells(_with_replacements(source_notebook(name), variant["replace"]))
+    mine, given, _ = split_cells(with_replacements(source_notebook(name), variant["replace"]))
     return bool(scan.scan([c.source for c in mine], context=[c.source for c in given]))
 
 
@@ -338,18 +318,6 @@ def _submit(root: Path, student: str, name: str, nb: nbformat.NotebookNode) -> N
     nbformat.write(nb, folder / f"{name}.ipynb")
 
 
-def _with_replacements(nb: nbformat.NotebookNode, replace: dict[str, str]) -> nbformat.NotebookNode:
-    nb = copy.deepcopy(nb)
-    solutions = set(cells_by_kind(nb, "solution"))
-    unknown = set(replace) - solutions
-    assert not unknown, f"variants replace cells that are not solution cells: {unknown}"
-    for cell in nb.cells:
-        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
-        if grade_id in replace:
-            cell.source = replace[grade_id].strip()
-    return nb
-
-
 def _round_trip(root: Path, name: str) -> dict:
     """Release, submit (solution, blank release, the variants of by_nbgrader), autograde,
     feedback: in a scratch course of its own, so that one assignment's trouble stays its own."""
@@ -364,7 +332,7 @@ def _round_trip(root: Path, name: str) -> dict:
     _submit(root, "release", name, released)
     for i in by_nbgrader(name):
         _submit(root, f"variant{i:02d}", name,
-                _with_replacements(source_notebook(name), variants(name)[i]["replace"]))
+                with_replacements(source_notebook(name), variants(name)[i]["replace"]))
     course.nbgrader("autograde", name, "--create", root=root, capture=True)
     course.nbgrader("generate_feedback", name, "--force", root=root, capture=True)
     scores = {}
@@ -506,7 +474,7 @@ async def _grade_in_one_kernel(name: str) -> dict[str, KernelGrade]:
         for variant in sorted(todo, key=lambda v: -first[v["name"]]):
             start = first[variant["name"]]
             await plumbing(f"__dpmp_restore({start})", start)
-            cells = _with_replacements(nb, variant["replace"]).cells[start:]
+            cells = with_replacements(nb, variant["replace"]).cells[start:]
             results[variant["name"]] = await run(cells, start)
     return results
 

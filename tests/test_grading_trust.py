@@ -31,7 +31,7 @@ from .grading_class import (
     stopped_here,
     tree_hash,
 )
-from .test_course import source_notebook
+from .notebook_sources import source_notebook
 
 pytestmark = [pytest.mark.timeout(1500), pytest.mark.slow, pytest.mark.skipif(
     sandbox.problem() is not None and os.environ.get("CI") != "true",

@@ -715,15 +715,6 @@ def test_ranks_die_with_a_killed_kernel():
     assert alive == [], "ranks outlived their kernel"
 
 
-def test_progress_is_shown_only_inside_ipython():
-    from dpmp_lab.launcher.progress import Progress
-
-    p = Progress(2, enabled=True)
-    assert not p.active   # a script or pytest: plain output only
-    p.update(["running", "returned"])
-    assert p.text() == "ranks: 0 starting, 1 starting"
-
-
 def test_result_says_which_backend_served_which_device(warm):
     res = dl.launch(lambda: None, world_size=2, stream=False, device_audit=False,
                     backend="gloo")   # named: "auto" is nccl on a server with 2+ GPUs

@@ -11,7 +11,7 @@ from dpmp_lab.instructor import course, scan
 from dpmp_lab.instructor.nbgrader_plugin import mark_forged, split_cells
 
 from .conftest import ROOT
-from .test_course import _with_replacements, source_notebook, variants
+from .notebook_sources import source_notebook, variants, with_replacements
 
 GIVEN = ["import torch\nimport torch.distributed as dist\nimport dpmp_lab as dl\n"
          "from dpmp_lab.check import comm\nimport os, sys, inspect, gc\n"
@@ -102,7 +102,7 @@ def test_every_solution_and_every_right_alternative_scans_clean():
         nb = source_notebook(name)
         for label, replace in [("solution", {})] + [(v["name"], v["replace"])
                                                     for v in variants(name)]:
-            mine, given, _ = split_cells(_with_replacements(nb, replace))
+            mine, given, _ = split_cells(with_replacements(nb, replace))
             found = scan.scan([c.source for c in mine], context=[c.source for c in given])
             assert bool(found) == (label in tampering), (name, label, found)
 

@@ -29,6 +29,8 @@ from dpmp_lab.check.hints import (
 from dpmp_lab.render import Table, cell, human_bytes
 from dpmp_lab.trace import Trace, matcher, traces_of
 
+__all__ = ["comm", "comm_table", "overlaps_backward", "parse_key"]
+
 Key = tuple[str, Any, str | None]   # (op, group, phase); None: any
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["CheckFailed"]
+
 
 class CheckFailed(AssertionError):
     """A check did not pass. The message says what was expected, what was seen, and why.

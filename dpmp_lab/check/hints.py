@@ -40,6 +40,10 @@ import torch
 from dpmp_lab.render import cell
 from dpmp_lab.trace import CommEvent, matcher
 
+__all__ = ["BLOCKING_HINT", "COMM_HINTS", "CommHint", "CommTable", "HINT_TAG", "OVERLAP_HINT",
+           "P2P", "P2P_ADVICE", "REPLICA_HINT", "Row", "SCALE_HINTS", "Scale", "ScaleHint",
+           "exercise_key", "keyed_likely_mistakes", "keyed_scale_hint", "tag", "where"]
+
 # -- the keys a failure carries ----------------------------------------------------------------
 
 HINT_TAG = re.compile(r"\[hint: ([A-Za-z0-9_.:-]+)\]")
@@ -134,17 +138,11 @@ SCALE_HINTS: list[ScaleHint] = [
 ]
 
 
-def scale_hint(actual: torch.Tensor, expected: torch.Tensor, rtol: float, atol: float,
-               world: int | None = None) -> str:
-    """The likely mistake when `actual` is `expected` times a constant other than 1, else ''.
-
-    The constant is the least-squares fit; the fit must hold within 10x the tolerance."""
-    return keyed_scale_hint(actual, expected, rtol, atol, world)[1]
-
-
 def keyed_scale_hint(actual: torch.Tensor, expected: torch.Tensor, rtol: float, atol: float,
                      world: int | None = None) -> tuple[str, str]:
-    """(key, message) of scale_hint's likely mistake, ('', '') when there is none."""
+    """(key, message) of the likely mistake when `actual` is `expected` times a constant other
+    than 1, else ('', ''). The constant is the least-squares fit; the fit must hold within 10x
+    the tolerance."""
     denom = (expected * expected).sum().item()
     if denom == 0:
         return "", ""
@@ -363,21 +361,13 @@ COMM_HINTS: list[CommHint] = [
 ]
 
 
-def likely_mistakes(table: CommTable, custom: Mapping[tuple, str] | None = None) -> list[str]:
-    """What most likely went wrong in a rank's table: for each wrong row, the exercise's own
-    words first, then the first entry of COMM_HINTS that applies. A row of calls nobody
-    expected gets no entry of its own when an earlier one accounted for it.
-
-    custom: {(op, group, phase): message}, an exercise's words for the row of that key and for
-    calls nobody expected that the key matches (shown even when accounted for).
-    """
-    return list(dict.fromkeys(msg for _, msg in keyed_likely_mistakes(table, custom)))
-
-
 def keyed_likely_mistakes(table: CommTable,
                           custom: Mapping[tuple, str] | None = None) -> list[tuple[str, str]]:
-    """likely_mistakes as (key, message) pairs: COMM_HINTS entries by their key, an exercise's
-    own words by exercise_key of its communication key."""
+    """What most likely went wrong in a rank's table, as (key, message) pairs: for each wrong
+    row, the exercise's own words first (keyed by exercise_key), then the first entry of
+    COMM_HINTS that applies (by its key). A row of calls nobody expected gets no entry of its
+    own when an earlier one accounted for it. custom: {(op, group, phase): message}, an
+    exercise's words for the row of that key and for calls nobody expected that it matches."""
     custom = custom or {}
     out: list[tuple[str, str]] = []
     accounted: set[Row] = set()

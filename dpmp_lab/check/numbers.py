@@ -24,6 +24,9 @@ from dpmp_lab.check.hints import REPLICA_HINT, keyed_scale_hint, tag
 from dpmp_lab.launcher.launch import launch
 from dpmp_lab.models import default_dtype
 
+__all__ = ["FP32", "FP64", "against_reference", "close", "compare", "grads", "params",
+           "same_on_all_ranks"]
+
 FP32 = {"rtol": 1e-5, "atol": 1e-6}
 FP64 = {"rtol": 1e-10, "atol": 1e-10}   # TP and PP sum in another order than one process
 

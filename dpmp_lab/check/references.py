@@ -27,6 +27,8 @@ from typing import Any
 import dpmp_lab
 from dpmp_lab import integrity
 
+__all__ = ["ReferenceSwitchedOff", "TP_COLLECTIVES", "references_off", "with_references_off"]
+
 # dl.tp's plain collectives (tp.mappings, not re-exported): a shortcut around the f and g its
 # exercises build, so they go off with the rest of dl.tp
 TP_COLLECTIVES = ("tp_all_reduce", "tp_all_gather", "tp_reduce_scatter")

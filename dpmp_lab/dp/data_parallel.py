@@ -29,6 +29,8 @@ from torch import nn
 
 from dpmp_lab.dp.replicas import check_same_everywhere, first_rank, resolve_group
 
+__all__ = ["DataParallel"]
+
 MiB = 1024 * 1024
 
 

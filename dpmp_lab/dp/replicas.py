@@ -16,6 +16,8 @@ import torch.distributed as dist
 
 from dpmp_lab._helpers import group_ready
 
+__all__ = ["check_same_everywhere", "first_rank", "resolve_group"]
+
 
 def resolve_group(group: Any, who: str) -> dist.ProcessGroup:
     """The process group to average over (None: every rank), checked for this rank."""

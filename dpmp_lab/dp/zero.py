@@ -25,6 +25,8 @@ from torch import nn
 
 from dpmp_lab.dp.replicas import check_same_everywhere, first_rank, resolve_group
 
+__all__ = ["ShardedOptimizer"]
+
 
 class ShardedOptimizer:
     """ZeRO stage 1: each rank keeps optimizer state for 1/N of the parameters only.

@@ -19,6 +19,9 @@ from typing import Any, NamedTuple
 
 from dpmp_lab._helpers import whole_number
 
+__all__ = ["Action", "Bubble", "SCHEDULES", "Schedule", "Span", "bubble_fraction", "gpipe",
+           "make_schedule", "measured_bubble", "naive", "one_f_one_b"]
+
 
 @dataclass(frozen=True)
 class Action:

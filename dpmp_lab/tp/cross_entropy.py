@@ -15,6 +15,8 @@ import torch.nn.functional as F
 from dpmp_lab._helpers import tensor_arg
 from dpmp_lab.tp.mappings import check_ids, tp_all_reduce, tp_size
 
+__all__ = ["vocab_parallel_cross_entropy"]
+
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
     """Mean cross entropy of (N, V/tp) logit shards, without ever gathering the (N, V) logits.

@@ -28,6 +28,8 @@ from dpmp_lab.tp.layers import (
 )
 from dpmp_lab.tp.mappings import copy_to_tp_region, tp_size
 
+__all__ = ["ParallelMLP", "ParallelSelfAttention", "parallelize_gpt", "sharding", "tp_lm_loss"]
+
 # -- transformer blocks ----------------------------------------------------------------------------
 
 

@@ -31,6 +31,9 @@ from dpmp_lab.tp.mappings import (
     tp_size,
 )
 
+__all__ = ["ColumnParallelLinear", "HoldsGroup", "RowParallelLinear", "Sharded",
+           "VocabParallelEmbedding", "check_features", "check_type"]
+
 
 class HoldsGroup(nn.Module):
     """A module that keeps its tp group in `self.group`. A copy (copy.deepcopy) shares the

@@ -16,6 +16,11 @@ import torch.distributed as dist
 
 from dpmp_lab._helpers import member_group, tensor_arg
 
+__all__ = ["check_divisible", "check_group", "check_ids", "copy_to_tp_region",
+           "gather_from_sequence_region", "gather_from_tp_region", "reduce_from_tp_region",
+           "reduce_scatter_to_sequence_region", "scatter_to_tp_region", "shard_tensor",
+           "tp_all_gather", "tp_all_reduce", "tp_reduce_scatter", "tp_size"]
+
 # -- the tp group and splitting along a dim --------------------------------------------------------
 
 

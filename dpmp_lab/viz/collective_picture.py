@@ -16,6 +16,8 @@ import torch
 
 from dpmp_lab.render import PALETTE, Picture, Table, svg_start
 
+__all__ = ["COLLECTIVES", "CollectivePicture", "collective"]
+
 COLLECTIVES = ("broadcast", "reduce", "all_reduce", "all_gather", "reduce_scatter", "all_to_all",
                "gather", "scatter", "send_recv")
 _ROOTED = ("broadcast", "reduce", "gather", "scatter")

@@ -16,6 +16,8 @@ from typing import Any
 from dpmp_lab.profiling import Interval, Profile
 from dpmp_lab.render import Picture, svg_start
 
+__all__ = ["ProfilePicture", "profile"]
+
 _COLOUR = {"forward": "#4e79a7", "backward": "#f28e2b", "other": "#9c9c9c", "comm": "#59a14f"}
 _CHAR = {"forward": "F", "backward": "B", "other": "o", "comm": "="}
 

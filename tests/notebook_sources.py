@@ -1,0 +1,46 @@
+"""The solution notebooks and their broken variants, as the course tests and the class-grading
+tests read them (one place, so that no test module imports another)."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+
+import nbformat
+
+from .conftest import ROOT
+
+VARIANTS_DIR = ROOT / "tests" / "course_variants"
+
+
+def variants(name: str) -> list[dict]:
+    """tests/course_variants/<name>.py's VARIANTS ([] for a notebook without the file)."""
+    path = VARIANTS_DIR / f"{name}.py"
+    if not path.exists():
+        return []
+    spec = importlib.util.spec_from_file_location(f"variants_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.VARIANTS
+
+
+def source_notebook(name: str) -> nbformat.NotebookNode:
+    return nbformat.read(ROOT / "solutions" / name / f"{name}.ipynb", as_version=4)
+
+
+def cells_by_kind(nb: nbformat.NotebookNode, kind: str) -> list[str]:
+    return [c.metadata["nbgrader"]["grade_id"] for c in nb.cells
+            if c.metadata.get("nbgrader", {}).get(kind)]
+
+
+def with_replacements(nb: nbformat.NotebookNode, replace: dict[str, str]) -> nbformat.NotebookNode:
+    """A copy of `nb` with the solution cells named in `replace` given those sources."""
+    nb = copy.deepcopy(nb)
+    solutions = set(cells_by_kind(nb, "solution"))
+    unknown = set(replace) - solutions
+    assert not unknown, f"variants replace cells that are not solution cells: {unknown}"
+    for cell in nb.cells:
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if grade_id in replace:
+            cell.source = replace[grade_id].strip()
+    return nb
