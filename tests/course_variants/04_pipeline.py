@@ -289,7 +289,7 @@ VARIANTS = [
      "visible": ["runner_tests", "runner_comm_tests"], "visible_says": ["is switched off"]},
     {"name": "peak activations: counts every forward, ignores the backwards",
      "replace": COUNTS_FORWARDS_ONLY, "loses": ["peak_tests"],
-     "visible": ["peak_tests"], "visible_says": ["-1 at each B"]},
+     "visible": ["peak_tests"], "visible_says": ["in flight from its F to its B"]},
     {"name": "peak activations: the library's Schedule.peak_in_flight (switched off)",
      "replace": COUNT_FROM_THE_LIBRARY, "loses": ["peak_tests"],
      "visible": ["peak_tests"], "visible_says": ["is switched off"]},
