@@ -67,7 +67,7 @@ def layer_of(module: str) -> int | None:
     """The layer of a dotted module name under dpmp_lab (None: LAYERS does not place it)."""
     name = module.removeprefix(PACKAGE_DIR.name).removeprefix(".")
     for entry in sorted(LAYERS, key=len, reverse=True):
-        if name == entry or name.startswith(entry + ".") or entry == "" and name == "":
+        if name == entry or name.startswith(entry + "."):
             return LAYERS[entry]
     return None
 

@@ -178,10 +178,11 @@ def notebook_reference_targets() -> set[str]:
             except SyntaxError:
                 continue
             for node in ast.walk(tree):
-                if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(
-                        node.func, "id", "")) in ("references_off", "with_references_off"):
-                    args = node.args[1:] if getattr(node.func, "attr", getattr(
-                        node.func, "id", "")) == "with_references_off" else node.args
+                called = (getattr(node.func, "attr", getattr(node.func, "id", ""))
+                          if isinstance(node, ast.Call) else "")
+                if called in ("references_off", "with_references_off"):
+                    # with_references_off(fn, *targets): the first argument is the function
+                    args = node.args[1:] if called == "with_references_off" else node.args
                     found |= {a.value for a in args if isinstance(a, ast.Constant)
                               and isinstance(a.value, str)}
                 elif isinstance(node, ast.Assign) and any(
