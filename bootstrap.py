@@ -2,7 +2,8 @@
 """Set up everything and start the course, or set up everything and run the tests.
 
     python3 bootstrap.py course     # JupyterLab on the course (extra args go to jupyter lab)
-    python3 bootstrap.py test       # ruff, then the whole pytest suite (extra args go to pytest)
+    python3 bootstrap.py test       # ruff, pycodestyle, then the whole pytest suite (extra args
+                                    # go to pytest)
 
 Both create .venv/ beside this file on first use and install the project into it; later runs
 reuse it and reinstall only when pyproject.toml or constraints.txt changed.
@@ -34,6 +35,10 @@ VENV = ROOT / ".venv"
 CONSTRAINTS = ROOT / "constraints.txt"
 STAMP = VENV / ".dpmp_lab-installed"
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+LINTED = ("dpmp_lab", "tests", "benchmarks", "tools", "bootstrap.py")
+# pycodestyle's checks that the house style does not follow: hanging indents of 4 under an open
+# bracket, operators at line breaks, lambdas assigned, E501 (ruff checks the length), l as a name
+PYCODESTYLE_IGNORE = "E121,E123,E126,E226,E24,E704,W503,W504,E501,E731,E741"
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")  # what tests/test_browser.py finds
 
 
@@ -154,8 +159,12 @@ def main(argv: list[str]) -> int:
         return run(cmd)
     ensure_ci_packages()
     say("ruff")
-    code = run([str(python), "-m", "ruff", "check", "dpmp_lab", "tests", "benchmarks", "tools",
-                "bootstrap.py"])
+    code = run([str(python), "-m", "ruff", "check", *LINTED])
+    if code:
+        return code
+    say("pycodestyle (continuation lines and blank lines, which ruff checks only in preview)")
+    code = run([str(python), "-m", "pycodestyle", "--max-line-length=100",
+                f"--ignore={PYCODESTYLE_IGNORE}", *LINTED])
     if code:
         return code
     say("pytest")

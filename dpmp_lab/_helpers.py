@@ -4,7 +4,7 @@ rank lists and values in messages, and where the package sits. Imports nothing f
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,17 +17,41 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 PACKAGE_HOME = PACKAGE_DIR.parent
 
 
-def whole_number(name: str, value: Any, *, at_least: int = 1, what: str = "") -> int:
-    """`value` as an int >= at_least, or a TypeError/ValueError that names `name`.
+def whole_number(name: str, value: Any, *, at_least: int = 1, at_most: int | None = None,
+                 what: str = "") -> int:
+    """`value` as an int from at_least to at_most, or a TypeError/ValueError that names `name`.
 
     bool is refused although it is an int: `world_size=True` is a mistake, not 1. `what` ends
     the ValueError's sentence ("a pipeline needs at least 1 stage").
     """
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, not {type(value).__name__} ({value!r})")
-    if value < at_least:
-        raise ValueError(f"{name}={value}: {what or f'it must be at least {at_least}'}")
+    if value < at_least or (at_most is not None and value > at_most):
+        limits = f"from {at_least} to {at_most}" if at_most is not None else f"at least {at_least}"
+        raise ValueError(f"{name}={value}: {what or f'it must be {limits}'}")
     return value
+
+
+def tensors_in(value: Any, *, levels: int | None = None,
+               modules: bool = False) -> Iterator[torch.Tensor]:
+    """The tensors in a nested structure of lists, tuples and dict values (a collective's
+    arguments, a module's output), `levels` deep at most (None: no limit); with `modules`, an
+    nn.Module found inside gives its parameters and buffers."""
+    if isinstance(value, torch.Tensor):
+        yield value
+        return
+    if levels is not None and levels < 0:
+        return
+    deeper = None if levels is None else levels - 1
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            yield from tensors_in(v, levels=deeper, modules=modules)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from tensors_in(v, levels=deeper, modules=modules)
+    elif modules and isinstance(value, torch.nn.Module):
+        yield from value.parameters()
+        yield from value.buffers()
 
 
 def positive_seconds(name: str, value: Any) -> None:

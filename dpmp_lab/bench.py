@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.distributed as dist
 
+from dpmp_lab._helpers import whole_number
 from dpmp_lab.context import device, synchronize
 from dpmp_lab.launcher.launch import launch
 from dpmp_lab.profiling import Interval, Profile, profile
@@ -77,10 +78,8 @@ class Timing:
 
 
 def _check_counts(warmup: int, repeats: int) -> None:
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup must be a whole number >= 0, not {warmup!r}")
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or not 1 <= repeats <= 1000:
-        raise ValueError(f"repeats must be a whole number from 1 to 1000, not {repeats!r}")
+    whole_number("warmup", warmup, at_least=0)
+    whole_number("repeats", repeats, at_most=1000)
 
 
 def time_in_ranks(fn: Callable[..., Any], *args: Any, warmup: int = 2, repeats: int = 5,
@@ -116,8 +115,7 @@ def ring_steps(op: str, world_size: int) -> int:
     """Messages each rank sends in a ring `op` over world_size ranks: 2 (N - 1) for all-reduce
     (reduce-scatter, then all-gather), N - 1 for all-gather and reduce-scatter, 1 for a "message"
     (one send to one peer)."""
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a whole number >= 1, not {world_size!r}")
+    whole_number("world_size", world_size)
     if op == "message":
         return 1
     if op not in RING_OPS:
@@ -128,8 +126,7 @@ def ring_steps(op: str, world_size: int) -> int:
 def tree_steps(world_size: int) -> int:
     """Rounds of a binomial-tree all-reduce over world_size ranks: ceil(log2 N) to reduce to a
     root (each round halves the ranks holding a partial sum), as many to broadcast back."""
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a whole number >= 1, not {world_size!r}")
+    whole_number("world_size", world_size)
     return 2 * (world_size - 1).bit_length()
 
 
@@ -221,8 +218,9 @@ def sweep(ops: Sequence[str], sizes: Sequence[int], world_sizes: Sequence[int], 
         raise ValueError("sweep needs at least one op, one size and one world size")
     for op in ops:
         ring_steps(op, 1)
-    if any(not isinstance(w, int) or w < 2 for w in world_sizes):
-        raise ValueError(f"world_sizes {list(world_sizes)}: a collective needs 2 ranks or more")
+    for w in world_sizes:
+        whole_number("a world size of the sweep", w, at_least=2,
+                     what=f"world_sizes {list(world_sizes)}: a collective needs 2 ranks or more")
     rows: list[SweepRow] = []
     for w in world_sizes:
         bad = [n for n in sizes if n < 4 * w or n % (4 * w)]

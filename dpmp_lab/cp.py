@@ -135,6 +135,8 @@ def gather_sequence(x: torch.Tensor, group: dist.ProcessGroup, zigzag: bool = Fa
 
 
 def _scores(q: torch.Tensor, k: torch.Tensor, kind: str) -> torch.Tensor:
+    """Scaled scores q k^T / sqrt(d) of one block; a "diagonal" block (queries and keys of one
+    chunk) hides each query's future keys."""
     s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
     if kind == "diagonal":   # same chunk: key j is visible to query i when j <= i
         future = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1)
@@ -362,11 +364,7 @@ def all_gather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
               causal: bool = True) -> torch.Tensor:
     """Plain softmax attention on one process: the reference ring attention must equal."""
-    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
-    if causal:
-        future = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1)
-        s = s.masked_fill(future, float("-inf"))
-    return torch.softmax(s, dim=-1) @ v
+    return torch.softmax(_scores(q, k, "diagonal" if causal else "full"), dim=-1) @ v
 
 
 __all__ = ["all_gather_attention", "attention", "attention_work", "chunk_ids", "gather_sequence",

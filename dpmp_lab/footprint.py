@@ -55,7 +55,7 @@ class Footprint:
         if torch.cuda.device_count() and torch.cuda.is_initialized():
             torch.cuda.reset_peak_memory_stats()
         root = getattr(self._model, "module", self._model)     # inside a wrapper
-        gathers = getattr(self._model, "_hooked", {})           # FSDP moved these weights
+        gathers = getattr(self._model, "gathering_modules", [])  # FSDP moved these weights
         for name, mod in root.named_modules():
             if any(True for _ in mod.parameters(recurse=False)) or mod in gathers:
                 label = name or type(mod).__name__
@@ -110,19 +110,20 @@ def record(model: nn.Module, optimizer: Any = None) -> Footprint:
 
 
 def _state_tensors(model: nn.Module, optimizer: Any):
+    """(parameters, gradients, optimizer state) tensors held now; FSDP and ZeRO add what they
+    hold outside the model's parameters through their held_tensors()."""
     params = list(model.parameters())
     grads = [p.grad for p in params]
-    for unit in getattr(model, "_units", ()):          # FSDP: gathered full parameters
-        params.append(unit.full)
     state: list[torch.Tensor] = []
     inner = getattr(optimizer, "optimizer", optimizer)  # ZeRO wraps a torch optimizer
     if inner is not None:
         for s in inner.state.values():
             state += [t for t in s.values() if isinstance(t, torch.Tensor)]
-    if optimizer is not inner:                          # ZeRO's own buffers
-        params += [optimizer.shard, getattr(optimizer, "_flat_params", None)]
-        grads += [optimizer.shard.grad, getattr(optimizer, "_flat_grads", None),
-                  getattr(optimizer, "_shard_grad", None)]
+    for holder in (model, optimizer):
+        if hasattr(holder, "held_tensors"):
+            held = holder.held_tensors()
+            params += held["params"]
+            grads += held["grads"]
     return params, grads, state
 
 

@@ -57,6 +57,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from dpmp_lab._helpers import tensors_in
 from dpmp_lab.dp.replicas import check_same_everywhere, first_rank, resolve_group
 
 
@@ -128,7 +129,7 @@ class _Unit:
         # restored after the wait, because gloo writes the gathered chunks from its own thread.
         self._keep = torch.autograd._unsafe_preserve_version_counter(self.full)
         self.work = dist.all_gather_single(self.full, src, group=self.group,
-                                                async_op=True)
+                                           async_op=True)
         self._src = src                             # keep the input alive until the wait
 
     def wait_gather(self) -> None:
@@ -328,6 +329,16 @@ class FullyShardedDataParallel(nn.Module):
             out[name] = p.detach().clone()
         return {name: out[name] for name in self.names.values() if name in out}
 
+    def held_tensors(self) -> dict[str, list[torch.Tensor | None]]:
+        """What this rank holds beyond `parameters()` and their .grad, by kind: the gathered
+        full parameters of each unit (None while freed). A memory timeline adds these."""
+        return {"params": [u.full for u in self._units], "grads": []}
+
+    @property
+    def gathering_modules(self) -> list[nn.Module]:
+        """The modules whose forward gathers a unit (FSDP's hooks sit on them)."""
+        return list(self._hooked)
+
     def memory(self) -> dict[str, int]:
         """Bytes this rank holds now: sharded parameters (master), gathered full parameters,
         replicated parameters, and gradients of both (what a memory timeline samples)."""
@@ -361,7 +372,7 @@ class FullyShardedDataParallel(nn.Module):
         if self.reshard_after_forward:
             for unit in units:
                 unit.free()
-        grads = [t for t in _tensors(output) if t.requires_grad]
+        grads = [t for t in tensors_in(output) if t.requires_grad]
         if grads:
             hook = _PreBackward(self, module, units)
             for t in grads:
@@ -465,17 +476,6 @@ def _hook_module(root: nn.Module, unit_name: str, mod_name: str, mod: nn.Module)
 
 def _view(full: torch.Tensor, slot: _Slot) -> torch.Tensor:
     return full[slot.offset:slot.offset + slot.shape.numel()].view(slot.shape)
-
-
-def _tensors(value: Any) -> Iterator[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            yield from _tensors(v)
-    elif isinstance(value, dict):
-        for v in value.values():
-            yield from _tensors(v)
 
 
 __all__ = ["FullyShardedDataParallel"]

@@ -82,7 +82,7 @@ def _train(dp: int, tp: int, pp: int, config: GPTConfig, steps: int, batch_size:
     optimizer = torch.optim.AdamW(stage_module.parameters(), lr=lr)
     micro = batch_size // dp // micro_batches
     stage = Stage(stage_module, grid.pp_group,
-                             activation_shape=(micro, config.seq_len, config.d_model))
+                  activation_shape=(micro, config.seq_len, config.d_model))
     loss_fn = functools.partial(tp_lm_loss, group=grid.tp_group) if tp > 1 \
         else models.lm_loss
 
@@ -93,8 +93,8 @@ def _train(dp: int, tp: int, pp: int, config: GPTConfig, steps: int, batch_size:
         targets = models.shard_batch(targets, grid.dp_rank, dp).to(device)
         optimizer.zero_grad()
         result = run_schedule(schedule, stage, idx, targets, n_microbatches=micro_batches,
-                                 loss_fn=loss_fn,
-                                 after_last_backward=sync.finish_gradient_sync if sync else None)
+                              loss_fn=loss_fn,
+                              after_last_backward=sync.finish_gradient_sync if sync else None)
         optimizer.step()
         losses.append(result.loss)
     split = sharding(model)

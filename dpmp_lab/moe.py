@@ -40,7 +40,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from dpmp_lab._helpers import whole_number
+from dpmp_lab._helpers import member_group, whole_number
 
 
 class Routing(NamedTuple):
@@ -141,9 +141,7 @@ class MoE(nn.Module):
             raise ValueError(f"capacity_factor must be > 0, not {capacity_factor}")
         self.ep = 1
         if ep_group is not None:
-            if not isinstance(ep_group, dist.ProcessGroup):
-                raise TypeError("ep_group must be the expert-parallel ProcessGroup (e.g. "
-                                f"dl.ProcessGrid(ep=...).ep_group), not {type(ep_group).__name__}")
+            member_group(ep_group, "ep", "expert-parallel", "dl.ProcessGrid(ep=...).ep_group")
             self.ep = dist.get_world_size(ep_group)
             if n_experts % self.ep:
                 raise ValueError(f"{n_experts} experts do not split evenly over ep = {self.ep} "

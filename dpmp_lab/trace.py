@@ -51,7 +51,7 @@ from typing import Any
 
 import torch
 
-from dpmp_lab._helpers import group_ready
+from dpmp_lab._helpers import group_ready, tensors_in
 from dpmp_lab.render import Table, human_bytes
 
 __all__ = ["BackwardOverlap", "CommEvent", "GradReady", "OPS", "Trace", "matcher", "name_group",
@@ -374,7 +374,7 @@ class _Recorder:
         """Every c10d op passes here before it runs: watchers first (they may refuse the call
         by raising), then the record of every active trace."""
         if self.watchers:
-            tensors = list(_flatten(list(args) + list(kwargs.values())))
+            tensors = list(tensors_in(list(args) + list(kwargs.values())))
             for watcher in list(self.watchers):
                 watcher(_C10D_OPS[name][0], tensors)
         if self.active:
@@ -399,7 +399,7 @@ class _Recorder:
             i = schema_args.index(key)
             return args[i] if i < len(args) else kwargs.get(key, _DEFAULTS[name].get(key))
 
-        tensors = list(_flatten(arg(payload_arg))) if payload_arg else []
+        tensors = list(tensors_in(arg(payload_arg))) if payload_arg else []
         if any(t.device.type == "meta" for t in tensors):
             return None   # shape propagation (fake/meta tensors), not real communication
         group = self._ranks(arg("process_group"))
@@ -472,14 +472,6 @@ def _unbox(boxed: Any) -> Any:
     if isinstance(boxed, torch.distributed.ProcessGroup):
         return boxed
     return torch.distributed.ProcessGroup.unbox(boxed)
-
-
-def _flatten(value: Any) -> Iterable[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            yield from _flatten(v)
 
 
 # -- phase ----------------------------------------------------------------------------------------

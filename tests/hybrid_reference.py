@@ -25,7 +25,7 @@ def check_against_reference(results: list[dict], dp: int, tp: int, pp: int,
         coords = layout.coords(res["rank"])
         for name, value in res["params"].items():
             want = expected_shard(reference["params"][name], res["sharding"][name],
-                                         coords.tp, tp)
+                                  coords.tp, tp)
             dl.check.close(value, want, name=name, rank=res["rank"], rtol=1e-8, atol=1e-10)
             owners.setdefault(name, set()).add((coords.dp, coords.tp))
     # every parameter lives on exactly one stage, on every (dp, tp) place of it

@@ -214,7 +214,7 @@ PLANTED = [
     (model_and_data_never_moved, (), ["an all_reduce", "`model = nn.Linear(4, 2)`"]),
     (scaffold_allocates_on_the_cpu, (), ["an all_gather", "torch.empty(2) for _ in"]),
     (argument_from_the_notebook_used_as_is, (torch.ones(3),), ["a broadcast",
-                                                                "sent from the notebook"]),
+                                                               "sent from the notebook"]),
     (cpu_generator_draws_on_the_device, (), ["CPU generator", "draw on the CPU"]),
     (moved_back_to_the_cpu_and_sent, (), ["an all_reduce", "`dist.all_reduce(x.cpu())`"]),
     (error_caught_by_the_code, (), ["caught", "`dist.all_reduce(torch.ones(1))`"]),
@@ -280,7 +280,7 @@ def references_on_the_device():
 
     stage_module = pp.split_pieces(models.TinyGPT(hybrid.SMALL, seed=0).pieces(), world)[rank]
     stage = pp.Stage(stage_module.to(dev),
-                             activation_shape=(2, hybrid.SMALL.seq_len, hybrid.SMALL.d_model))
+                     activation_shape=(2, hybrid.SMALL.seq_len, hybrid.SMALL.d_model))
     result = pp.run_schedule("1f1b", stage, idx.to(dev), targets.to(dev), n_microbatches=2,
                              loss_fn=models.lm_loss)
     return {"ring": ring.cpu(), "halves": halves.cpu(), "loss": result.loss}

@@ -239,14 +239,14 @@ def test_multiples_missing_and_extra_calls():
     assert "no broadcast was issued" in comm_failure(t, {"broadcast": 1, "all_reduce": 4})
     assert "4 unexpected all_reduce call(s) on group dp" in comm_failure(t, {})
     assert "3 all_reduce call(s) missing" in comm_failure(trace_of(*[("all_reduce", TP, None,
-                                                                       "dp")] * 5),
-                                                           {"all_reduce": 8})
+                                                                      "dp")] * 5),
+                                                          {"all_reduce": 8})
 
 
 def test_custom_hints_come_first_also_for_unexpected_calls():
     t = trace_of(("all_reduce", TP, "backward", "dp"))
     msg = comm_failure(t, {}, hints={"all_reduce": "an accumulation step must not communicate: "
-                                                    "wrap it in no_sync()"})
+                                     "wrap it in no_sync()"})
     assert "Likely mistake: an accumulation step must not communicate" in msg
     msg = comm_failure(t, {"all_reduce": 2}, hints={"all_reduce": "one per bucket"})
     assert "Likely mistake: one per bucket" in msg

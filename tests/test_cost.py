@@ -69,7 +69,7 @@ def reference_traffic() -> dict:
     line = dl.ProcessGrid(pp=2)
     model = models.TinyGPT(cfg)
     stage = pp.Stage(pp.split_pieces(model.pieces(), 2)[line.pp_rank], line.pp_group,
-                             activation_shape=(b // 2, s, d))
+                     activation_shape=(b // 2, s, d))
     idx, targets = models.token_batch(b, s, cfg.vocab_size)
     with dl.trace() as t_pp:
         pp.run_schedule("1f1b", stage, idx, targets, n_microbatches=2, loss_fn=models.lm_loss)

@@ -14,7 +14,9 @@ from torch import nn
 
 import dpmp_lab as dl
 from dpmp_lab.dp import DataParallel, ShardedOptimizer
+from dpmp_lab.fsdp import FullyShardedDataParallel
 from dpmp_lab.models import TinyMLP, regression_batch, shard_batch
+from tests.sharding_models import Stack, my_rows, seeded
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -277,8 +279,8 @@ def test_frozen_unused_tied_parameters_and_buffers_match_the_reference(warm):
     grad_bytes = 8 * (3 * 64 + 5 * 8)   # 8 trainable fp64 tensors: tied once, frozen never
     assert res[0]["per-parameter: buckets"] == [[n] for n in reversed(QUIRKY_TRAINABLE)]
     assert res[0]["buckets: buckets"] == [["extra.bias", "extra.weight", "hidden.bias"],
-                                         ["hidden.weight", "bn.bias", "bn.weight"],
-                                         ["never.bias", "never.weight"]]
+                                          ["hidden.weight", "bn.bias", "bn.weight"],
+                                          ["never.bias", "never.weight"]]
     # construction: unique parameters (the frozen ones too, the tied one once) and buffers
     dl.check.comm(res, {"all_gather": 3, "broadcast": 3 * (10 + 4),
                         "all_reduce": steps * (8 + 3 + 3)},
@@ -521,3 +523,71 @@ def test_outside_a_process_group_says_where_to_run():
         DataParallel(TinyMLP())
     with pytest.raises(RuntimeError, match="inside the ranks of dl.launch"):
         ShardedOptimizer(TinyMLP().parameters())
+
+
+# -- the three stages side by side ----------------------------------------------------------------
+
+
+def held_elements(tensors: list) -> int:
+    """Elements in the distinct storages among tensors (a view of a flat buffer counts once)."""
+    storages = {}
+    for t in tensors:
+        if t is not None:
+            st = t.untyped_storage()
+            storages[(st.data_ptr(), st.nbytes())] = st.nbytes() // t.element_size()
+    return sum(storages.values())
+
+
+def three_stages():
+    """ZeRO-1, ZeRO-2 (ShardedOptimizer) and ZeRO-3 (FSDP) on the same model and data: the same numbers as one
+    process, different communication and different gradient bytes held after backward."""
+    x = torch.randn(8, 5, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    ref = seeded(Stack, 0).double()
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.2, momentum=0.9)
+    out = {}
+    for stage in (1, 2, 3):
+        model = seeded(Stack, dist.get_rank()).double()
+        if stage == 3:
+            model = FullyShardedDataParallel(model)
+            opt = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
+        else:
+            opt = dl.dp.ShardedOptimizer(model.parameters(), torch.optim.SGD, stage=stage,
+                                         lr=0.2, momentum=0.9)
+        for _ in range(2):
+            with dl.trace() as t:
+                model(my_rows(x)).pow(2).mean().backward()
+                if stage == 3:
+                    model.finish_gradient_sync()
+                grads = held_elements([p.grad for p in model.parameters()]
+                                      + (model if stage == 3 else opt).held_tensors()["grads"])
+                opt.step()
+            opt.zero_grad()
+        params = model.full_parameters() if stage == 3 else {
+            k: v.detach() for k, v in model.named_parameters()}
+        out[stage] = (params, {(e.op, e.phase): t.count(e.op, phase=e.phase or "none")
+                               for e in t.events}, grads)
+    for _ in range(2):
+        ref(x).pow(2).mean().backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+    return out, {k: v.detach() for k, v in ref.named_parameters()}
+
+
+def test_zero_1_2_3_line_up(warm):
+    res = dl.launch(three_stages, world_size=2, stream=False)
+    numel = 36 + 49 + 40
+    for out, ref in res.values:
+        for stage, (params, _, _) in out.items():
+            for name in ref:
+                torch.testing.assert_close(params[name], ref[name], rtol=0, atol=1e-12,
+                                           msg=lambda m, s=stage: f"stage {s}: {m}")
+        assert out[1][1] == {("reduce_scatter", None): 1, ("all_gather", None): 1}
+        assert out[2][1] == {("reduce_scatter", "backward"): 6, ("all_gather", None): 1}
+        assert out[3][1] == {("all_gather", "forward"): 3, ("all_gather", "backward"): 3,
+                             ("reduce_scatter", "backward"): 3}
+        # gradient elements held when backward is done, the second step (the first step's
+        # are gone): all of them (125 padded to 126), then this rank's shards
+        assert out[1][2] == numel + 1
+        # stage 2 pads each tensor to 2 chunks: weights 30, 42, 35 and biases 6, 7, 5 elements
+        assert out[2][2] == sum(-(-n // 2) for n in (30, 6, 42, 7, 35, 5)) == 64
+        assert out[3][2] == 18 + 25 + 20

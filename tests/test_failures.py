@@ -265,7 +265,7 @@ def _refuse():
 
 
 def test_receive_unpickles_results_on_their_own():
-    started = Started(pid=1, main_thread=2)
+    started = Started(main_thread=2)
     assert sent(serialize.dumps(started)) == started
     returned = Returned(value=serialize.dumps([1.5]), trace=serialize.dumps(None),
                         destroyed_group=True)

@@ -14,6 +14,7 @@ from torch.distributed.fsdp import fully_shard
 
 import dpmp_lab as dl
 from dpmp_lab.fsdp import FullyShardedDataParallel
+from tests.sharding_models import Stack, my_rows, seeded
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -39,32 +40,11 @@ class Tied(nn.Module):
         return self.head(self.fc2(h))
 
 
-class Stack(nn.Module):
-    """Three Linear units and nothing else: the counts are exactly one call per unit."""
-
-    def __init__(self, d: int = 5):
-        super().__init__()
-        self.layers = nn.ModuleList([nn.Linear(d, d + 1), nn.Linear(d + 1, d + 2),
-                                     nn.Linear(d + 2, d)])
-
-    def forward(self, x):
-        for i, layer in enumerate(self.layers):
-            x = layer(x)
-            if i < len(self.layers) - 1:
-                x = torch.tanh(x)
-        return x
-
-
 def token_data():
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
     tgt = torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
     return ids, tgt
-
-
-def mine(t: torch.Tensor) -> torch.Tensor:
-    r, n = dist.get_rank(), dist.get_world_size()
-    return t[r * len(t) // n:(r + 1) * len(t) // n]
 
 
 def lm(model, ids, tgt):
@@ -73,9 +53,9 @@ def lm(model, ids, tgt):
 
 def train_tied(prefetch: bool, reshard: bool, steps: int = 3):
     """FSDP on this rank's rows and a single-process model on all of them, fp64."""
-    ref = _seeded(Tied, 0).double()
+    ref = seeded(Tied, 0).double()
     # other ranks start elsewhere: FSDP broadcasts the first rank's values
-    model = FullyShardedDataParallel(_seeded(Tied, dist.get_rank()).double(),
+    model = FullyShardedDataParallel(seeded(Tied, dist.get_rank()).double(),
                                      prefetch=prefetch, reshard_after_forward=reshard)
     # SGD: AdamW divides by sqrt(v), which turns a gradient that is 0 up to rounding into a
     # full-size step, so only a linear update keeps fp64 runs equal to 1e-12
@@ -83,7 +63,7 @@ def train_tied(prefetch: bool, reshard: bool, steps: int = 3):
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.5, momentum=0.9)
     ids, tgt = token_data()
     for _ in range(steps):
-        lm(model, mine(ids), mine(tgt)).backward()
+        lm(model, my_rows(ids), my_rows(tgt)).backward()
         model.finish_gradient_sync()
         opt.step()
         opt.zero_grad()
@@ -92,11 +72,6 @@ def train_tied(prefetch: bool, reshard: bool, steps: int = 3):
         ref_opt.zero_grad()
     return model.full_parameters(), {k: v.detach() for k, v in ref.named_parameters()}, \
         model.units
-
-
-def _seeded(cls, seed):
-    torch.manual_seed(seed)
-    return cls()
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -122,7 +97,7 @@ def counted_steps(reshard: bool, prefetch: bool):
     out = []
     for _ in range(2):
         with dl.trace() as t:
-            model(mine(x)).pow(2).mean().backward()
+            model(my_rows(x)).pow(2).mean().backward()
             model.finish_gradient_sync()
         opt.step()
         opt.zero_grad()
@@ -158,8 +133,8 @@ def test_exact_collectives_per_unit_and_phase(warm, reshard, prefetch):
 def mixed(reduce_dtype):
     """bf16 compute, fp32 master weights, against one process applying the same casts: each
     rank's rows through a bf16 copy of the weights, gradients cast up and averaged."""
-    ref = _seeded(Stack, 0)
-    model = FullyShardedDataParallel(_seeded(Stack, 0), compute_dtype=torch.bfloat16,
+    ref = seeded(Stack, 0)
+    model = FullyShardedDataParallel(seeded(Stack, 0), compute_dtype=torch.bfloat16,
                                      reduce_dtype=reduce_dtype)
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=0.01)
@@ -167,11 +142,11 @@ def mixed(reduce_dtype):
     n = dist.get_world_size()
     for _ in range(2):
         with dl.trace() as t:
-            model(mine(x).bfloat16()).float().pow(2).mean().backward()
+            model(my_rows(x).bfloat16()).float().pow(2).mean().backward()
             model.finish_gradient_sync()
         opt.step()
         opt.zero_grad()
-        low = _seeded(Stack, 0).bfloat16()
+        low = seeded(Stack, 0).bfloat16()
         grads = [torch.zeros_like(p) for p in ref.parameters()]
         for r in range(n):
             with torch.no_grad():
@@ -206,8 +181,8 @@ def test_mixed_precision_keeps_fp32_masters_and_matches_the_same_casts(warm, red
 
 def against_fully_shard():
     x = torch.randn(8, 5, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
-    ours = FullyShardedDataParallel(_seeded(Stack, 0).double())
-    theirs = _seeded(Stack, 0).double()
+    ours = FullyShardedDataParallel(seeded(Stack, 0).double())
+    theirs = seeded(Stack, 0).double()
     for layer in theirs.layers:
         fully_shard(layer)
     fully_shard(theirs)
@@ -216,7 +191,7 @@ def against_fully_shard():
         opt = torch.optim.AdamW(model.parameters(), lr=0.05)
         for _ in range(2):
             with dl.trace() as t:
-                model(mine(x)).pow(2).mean().backward()
+                model(my_rows(x)).pow(2).mean().backward()
                 if model is ours:
                     ours.finish_gradient_sync()
             opt.step()
@@ -262,114 +237,3 @@ def test_bad_input_says_what_is_wrong(warm):
     assert "compute_dtype must be a floating torch.dtype" in errors[1]
     assert "units must be sub-module names or modules" in errors[2]
     assert "Stage 3 shards the parameters" in errors[3] and "FullyShardedDataParallel" in errors[3]
-
-
-# -- the three stages side by side ----------------------------------------------------------------
-
-
-def three_stages():
-    """ZeRO-1, ZeRO-2 and ZeRO-3 (FSDP) on the same model and data: the same numbers as one
-    process, different communication and different gradient bytes held after backward."""
-    x = torch.randn(8, 5, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
-    ref = _seeded(Stack, 0).double()
-    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.2, momentum=0.9)
-    out = {}
-    for stage in (1, 2, 3):
-        model = _seeded(Stack, dist.get_rank()).double()
-        if stage == 3:
-            model = FullyShardedDataParallel(model)
-            opt = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
-        else:
-            opt = dl.dp.ShardedOptimizer(model.parameters(), torch.optim.SGD, stage=stage,
-                                         lr=0.2, momentum=0.9)
-        for _ in range(2):
-            with dl.trace() as t:
-                model(mine(x)).pow(2).mean().backward()
-                if stage == 3:
-                    model.finish_gradient_sync()
-                grads = sum(p.grad.numel() for p in model.parameters() if p.grad is not None)
-                if stage == 2:
-                    grads += opt._shard_grad.numel()
-                opt.step()
-            opt.zero_grad()
-        params = model.full_parameters() if stage == 3 else {
-            k: v.detach() for k, v in model.named_parameters()}
-        out[stage] = (params, {(e.op, e.phase): t.count(e.op, phase=e.phase or "none")
-                               for e in t.events}, grads)
-    for _ in range(2):
-        ref(x).pow(2).mean().backward()
-        ref_opt.step()
-        ref_opt.zero_grad()
-    return out, {k: v.detach() for k, v in ref.named_parameters()}
-
-
-def test_zero_1_2_3_line_up(warm):
-    res = dl.launch(three_stages, world_size=2, stream=False)
-    numel = 36 + 49 + 40
-    for out, ref in res.values:
-        for stage, (params, _, _) in out.items():
-            for name in ref:
-                torch.testing.assert_close(params[name], ref[name], rtol=0, atol=1e-12,
-                                           msg=lambda m, s=stage: f"stage {s}: {m}")
-        assert out[1][1] == {("reduce_scatter", None): 1, ("all_gather", None): 1}
-        assert out[2][1] == {("reduce_scatter", "backward"): 6, ("all_gather", None): 1}
-        assert out[3][1] == {("all_gather", "forward"): 3, ("all_gather", "backward"): 3,
-                             ("reduce_scatter", "backward"): 3}
-        # gradient elements held when backward is done: all of them, then this rank's shards
-        assert out[1][2] == numel
-        # stage 2 pads each tensor to 2 chunks: weights 30, 42, 35 and biases 6, 7, 5 elements
-        assert out[2][2] == sum(-(-n // 2) for n in (30, 6, 42, 7, 35, 5)) == 64
-        assert out[3][2] == 18 + 25 + 20
-
-
-# -- memory, measured -----------------------------------------------------------------------------
-
-
-def footprints():
-    x = torch.randn(8, 5, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
-    out = {}
-    for stage in (0, 1, 3):
-        model = _seeded(Stack, 0).double()
-        if stage == 3:
-            model = FullyShardedDataParallel(model)
-        if stage == 1:
-            opt = dl.dp.ShardedOptimizer(model.parameters(), torch.optim.AdamW, lr=0.01)
-        else:
-            opt = torch.optim.AdamW(model.parameters(), lr=0.01)
-        with dl.footprint.record(model, opt) as fp:
-            model(mine(x)).pow(2).mean().backward()
-            fp.mark("after backward")
-            opt.step()
-            fp.mark("after step")
-        out[stage] = fp
-    return out
-
-
-def test_footprint_measures_what_the_formulas_say(warm):
-    res = dl.launch(footprints, world_size=2, stream=False)
-    for out in res.values:
-        plain, fsdp = out[0], out[3]
-        n = 36 + 49 + 40
-        formula = dl.cost.memory(n, dp=1, precision="fp32")
-        assert plain.peak("params") == 8 * n == 2 * formula.params   # fp64: twice fp32's bytes
-        assert plain.samples[-1].grads == 8 * n
-        assert plain.samples[-1].optimizer == 2 * 8 * n + 6 * 4     # two moments, 6 step counters
-        # ZeRO-1 at its formula: parameters, gradients and the shard are views of two flat
-        # buffers (125 numbers padded to 126), only the optimizer state is halved
-        zero1 = out[1]
-        assert zero1.peak("params") == zero1.samples[-1].params == 8 * 126
-        assert zero1.peak("grads") == zero1.samples[-1].grads == 8 * 126
-        assert zero1.samples[-1].optimizer == 2 * 8 * 63 + 4          # one step counter
-        assert zero1.peak("total") < plain.peak("total")
-        shards = 18 + 25 + 20
-        assert fsdp.samples[0].params == 8 * shards and fsdp.samples[0].grads == 0
-        # the shards plus the largest unit, gathered whole: Linear(6, 7) padded to 50 elements
-        assert fsdp.peak("params") == 8 * shards + 8 * 50 == dl.cost.fsdp_peak_param_bytes(
-            2 * shards, 2, 50, master=torch.float64)
-        moments = [s.moment for s in fsdp.samples]
-        assert moments[:3] == ["start", "layers.0 forward begins", "layers.0 forward ends"]
-        assert fsdp.samples[1].params == 8 * shards + 8 * 36        # layers.0 gathered
-        assert fsdp.samples[3].params == 8 * shards + 8 * 50        # freed, layers.1 gathered
-        assert fsdp.samples[-1].optimizer == 2 * 8 * shards + 3 * 4
-        assert "layers.1 forward begins" in str(fsdp.picture(formula))
-        assert "<svg" in fsdp.picture(formula)._repr_svg_()

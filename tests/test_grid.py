@@ -170,7 +170,6 @@ def test_ep_must_divide_dp():
         dl.GridLayout(dp=4, ep=3)
 
 
-
 def test_grid_picture_with_cp_and_ep():
     text = str(dl.viz.grid(dp=4, cp=2, ep=2, highlight=3))
     panels = text.split("cp=1:")

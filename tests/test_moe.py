@@ -116,7 +116,7 @@ def test_bad_sizes_are_clear_errors():
         moe.MoE(4, 4, 2, top_k=3)
     with pytest.raises(ValueError, match="capacity_factor must be > 0"):
         moe.MoE(4, 4, 2, capacity_factor=0)
-    with pytest.raises(TypeError, match="expert-parallel ProcessGroup"):
+    with pytest.raises(TypeError, match="expert-parallel torch.distributed ProcessGroup"):
         moe.MoE(4, 4, 2, ep_group="ep")
     with pytest.raises(ValueError, match="last dim must be d_model = 4"):
         moe.MoE(4, 4, 2)(torch.zeros(3, 5))

@@ -295,7 +295,7 @@ def dp_times_pp():
     x, y = models.shard_batch(x, grid.dp_rank, 2), models.shard_batch(y, grid.dp_rank, 2)
     module = pp.split_pieces(model.pieces(), 2)[grid.pp_rank]
     stage = pp.Stage(module, grid.pp_group,
-                             activation_shape=(half // m, CFG.seq_len, CFG.d_model))
+                     activation_shape=(half // m, CFG.seq_len, CFG.d_model))
     params = list(module.parameters())
     backward_marks: list[int] = []
     sync_mark: list[int] = []

@@ -39,7 +39,7 @@ def test_messages_are_built_and_read_by_name_only():
 
 
 @pytest.mark.parametrize("message", [
-    Started(pid=12, main_thread=34),
+    Started(main_thread=34),
     Returned(value=serialize.dumps([1.5, "x"]), trace=serialize.dumps(None)),
     Returned(value=b"", trace=b"", destroyed_group=True),
     Raised(exc_type="KeyError", message="'a'", traceback="", exitcode=2),

@@ -144,7 +144,7 @@ def test_a_kernel_runs_in_the_sandbox_and_a_cell_can_be_interrupted(tmp_path):
 def test_limits_are_whole_numbers():
     with pytest.raises(ValueError, match="memory_mb"):
         Limits(memory_mb=0)
-    with pytest.raises(ValueError, match="disk_mb"):
+    with pytest.raises(TypeError, match="disk_mb"):
         Limits(disk_mb=True)
     assert "512 MiB" in Limits().describe()
 

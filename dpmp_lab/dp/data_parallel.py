@@ -265,4 +265,3 @@ def _hook(wrapper: weakref.ref, index: int) -> Callable[[torch.Tensor], None]:
 def _same_kind(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Tensors that can share one flat buffer."""
     return a.dtype == b.dtype and a.device == b.device
-

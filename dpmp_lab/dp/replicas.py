@@ -42,7 +42,7 @@ def first_rank(group: dist.ProcessGroup) -> int:
 
 
 def check_same_everywhere(tensors: list[torch.Tensor], group: dist.ProcessGroup,
-                           what: str) -> None:
+                          what: str) -> None:
     """Refuse replicas whose tensors differ in number, shape, dtype or requires_grad.
 
     Without this, the first collective over buffers of different sizes makes gloo abort the
@@ -67,4 +67,3 @@ def check_same_everywhere(tensors: list[torch.Tensor], group: dist.ProcessGroup,
             f"{rows[0][1]} elements; {seen}. Data parallelism needs the same model on every "
             "rank of the group: build it with the same shapes, dtypes and requires_grad "
             "everywhere (only the values may differ).")
-

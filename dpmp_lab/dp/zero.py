@@ -66,7 +66,7 @@ class ShardedOptimizer:
                              "dpmp_lab.fsdp.FullyShardedDataParallel")
         self.stage = stage
         if not (isinstance(optimizer_cls, type) and issubclass(optimizer_cls,
-                                                                torch.optim.Optimizer)):
+                                                               torch.optim.Optimizer)):
             raise TypeError(f"optimizer_cls must be a torch.optim.Optimizer class such as "
                             f"torch.optim.AdamW, not {optimizer_cls!r}")
         if isinstance(params, torch.Tensor):
@@ -101,6 +101,7 @@ class ShardedOptimizer:
             dist.broadcast(self._flat_params, src=first_rank(self.group), group=self.group)
             self._unpack_params()
         self._hooks: list[Any] = []
+        self._shard_grad: torch.Tensor | None = None   # stage 2's reduced gradient chunks
         if stage == 1:
             self._stage1_views()
         else:
@@ -134,7 +135,6 @@ class ShardedOptimizer:
                 nn.functional.pad(p.detach().reshape(-1), (0, c * n - p.numel()))[r * c:(r + 1) * c]
                 for p, c in zip(self.params, self.chunks, strict=True)]))
         self._flat_params = self._flat_grads = None
-        self._shard_grad: torch.Tensor | None = None
         self._reduced: set[int] = set()
         self._hooks = [p.register_post_accumulate_grad_hook(self._reduce_one(i))
                        for i, p in enumerate(self.params)]
@@ -155,6 +155,13 @@ class ShardedOptimizer:
             self._reduced.add(i)
         return hook
 
+    def held_tensors(self) -> dict[str, list[torch.Tensor | None]]:
+        """What this rank holds beyond the model's parameters and their .grad, by kind: the
+        shard and the flat buffers (stage 1), the shard's gradient (stage 2). A memory
+        timeline adds these; a tensor held twice counts once there."""
+        return {"params": [self.shard, self._flat_params],
+                "grads": [self.shard.grad, self._flat_grads, self._shard_grad]}
+
     @property
     def param_groups(self) -> list[dict[str, Any]]:
         """The inner optimizer's param groups (change the learning rate here)."""
@@ -168,8 +175,8 @@ class ShardedOptimizer:
                    for t in state.values() if isinstance(t, torch.Tensor))
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        if self.stage == 2:
-            self._shard_grad, self._reduced = None, set()
+        if self.stage == 2:   # the last step's shard gradient goes too, not only ours
+            self._shard_grad, self._reduced, self.shard.grad = None, set(), None
         else:           # stage 1: zero the flat gradients in place, the views stay
             with torch.no_grad():
                 self._flat_grads.zero_()
@@ -241,4 +248,3 @@ class ShardedOptimizer:
         for p in self.params:
             p.copy_(self._flat_params[start:start + p.numel()].view(p.shape))
             start += p.numel()
-

@@ -100,5 +100,3 @@ def learner_copy(dest: Path, *, root: Path | None = None) -> list[str]:
         elif source.is_file():
             shutil.copy2(source, dest / name)
     return [name for name in LEARNER_FILES if (dest / name).exists()]
-
-

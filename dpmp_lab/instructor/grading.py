@@ -38,6 +38,7 @@ from pathlib import Path
 from nbgrader.api import Gradebook, MissingEntry
 from sqlalchemy.exc import SAWarning
 
+from dpmp_lab._helpers import whole_number
 from dpmp_lab.instructor import sandbox
 from dpmp_lab.instructor.course import assignments, gradebook_url, nbgrader, repo_root
 from dpmp_lab.instructor.grading_job import (
@@ -187,7 +188,7 @@ def _outcome_of(future: Future, student: str) -> Graded:
         return future.result()
     except Exception as exc:
         return Graded(student, "", graded=False,
-                       reason=f"grading failed: {type(exc).__name__}: {exc}")
+                      reason=f"grading failed: {type(exc).__name__}: {exc}")
 
 
 def progress_line(done: int, total: int, outcome: Graded, running: int) -> str:
@@ -226,8 +227,8 @@ def grade_class(name: str, *, root: Path | None = None, jobs: int | None = None,
             "`--no-sandbox` does that, for submissions you trust")
     if name not in assignments(root):
         raise ValueError(f"no such assignment in solutions/: {name}")
-    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
-        raise ValueError(f"jobs must be a whole number >= 1, got {jobs!r}")
+    if jobs is not None:
+        whole_number("jobs", jobs)
     if timeout <= 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     started = time.monotonic()

@@ -28,6 +28,8 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from dpmp_lab._helpers import whole_number
+
 MIB = 2**20
 
 
@@ -44,8 +46,7 @@ class Limits:
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"limit {name} must be a whole number >= 1, got {value!r}")
+            whole_number(f"limit {name}", value)
 
     def describe(self) -> str:
         return (f"memory {self.memory_mb} MiB, {self.processes} processes, disk "

@@ -49,6 +49,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
 
 from dpmp_lab import trace
+from dpmp_lab._helpers import tensors_in
 
 # The audit's stand-in for this rank's GPU. A torch.device with an index is kept by the factory
 # calls and by .to() (which copies, since "cpu" != "cpu:0"), so the audit can tell it from "cpu".
@@ -146,7 +147,7 @@ def active() -> bool:
 def mark_host(obj: Any) -> Any:
     """Mark every tensor in obj as living on the CPU (what arrives by value from the notebook)."""
     if _audit is not None:
-        for t in _tensors_in(obj, deep=True):
+        for t in tensors_in(obj, levels=8, modules=True):
             _audit.mark(t, _Mark(HOST, "was sent from the notebook, so it arrives on the CPU"))
     return obj
 
@@ -334,7 +335,7 @@ class _Mode(TorchFunctionMode):
                 f"{name}() of a tensor on this rank's device ({_where_used()}): on a GPU this "
                 "fails (numpy lives on the CPU); call .cpu() first, or .tolist() / .item().")
         result = func(*args, **kwargs)
-        outputs = [t for t in _tensors_in(result) if not any(t is i for i in inputs)]
+        outputs = [t for t in tensors_in(result, levels=2) if not any(t is i for i in inputs)]
         if not outputs:
             return result
         if device_kw is not None:
@@ -425,7 +426,9 @@ def _changes_dtype(name, args, kwargs, source) -> bool:
 
 
 def _inputs(args: tuple, kwargs: dict) -> list[torch.Tensor]:
-    """The tensors a torch call gets: arguments, and lists of tensors (torch.cat's) in them."""
+    """The tensors a torch call gets: arguments, and lists of tensors (torch.cat's) in them.
+
+    Flat on purpose, not `tensors_in`: this runs on every torch call of an audited rank."""
     found = []
     for values in (args, kwargs.values()):
         for v in values:
@@ -434,23 +437,6 @@ def _inputs(args: tuple, kwargs: dict) -> list[torch.Tensor]:
             elif isinstance(v, (list, tuple)):
                 found.extend(x for x in v if isinstance(x, torch.Tensor))
     return found
-
-
-def _tensors_in(obj: Any, deep: bool = False, _depth: int = 0) -> Iterator[torch.Tensor]:
-    """Tensors in obj: lists, tuples and dict values two levels down (deep: modules too)."""
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif _depth > (8 if deep else 2):
-        return
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            yield from _tensors_in(v, deep, _depth + 1)
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            yield from _tensors_in(v, deep, _depth + 1)
-    elif deep and isinstance(obj, torch.nn.Module):
-        yield from obj.parameters()
-        yield from obj.buffers()
 
 
 def _caller_file() -> str:

@@ -163,7 +163,7 @@ def launch(
     try:
         t0 = time.monotonic()
         ranks = Supervisor(request, payload, trace=trace, stream=stream,
-                       progress=stream if progress is None else progress).run()
+                           progress=stream if progress is None else progress).run()
         outcome = "ok"
         return LaunchResult(
             values=[r.value for r in ranks],

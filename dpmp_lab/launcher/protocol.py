@@ -60,7 +60,6 @@ class Pipe(Vocabulary):
 class Started:
     """The rank process is set up and about to load fn."""
 
-    pid: int
     main_thread: int  # the thread to look for in a faulthandler dump of this rank
 
 

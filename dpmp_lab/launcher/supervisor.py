@@ -353,7 +353,7 @@ class Supervisor:
         # A rank caught inside the launcher's own code was just reporting an error (its
         # process-group timeout fired at the same moment): wait for that report instead.
         return rank.rank in self.failures or stacks.dump_complete("".join(rank.dumps),
-                                                                    rank.main_thread)
+                                                                  rank.main_thread)
 
     def _where_stuck(self, rank: Rank) -> str:
         return failures.where_stuck("".join(rank.dumps), rank.main_thread,

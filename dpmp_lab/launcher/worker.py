@@ -82,7 +82,7 @@ def rank_main(spec: RankSpec, out_w: Connection, err_w: Connection, msg_w: Conne
     faulthandler.enable(file=sys.stderr, all_threads=True)  # SIGSEGV/SIGABRT print a stack
     faulthandler.register(signal.SIGUSR1, file=dump_w, all_threads=True)
     _apply_caller_state(spec)
-    _send(msg_w, Started(pid=os.getpid(), main_thread=threading.get_ident()))
+    _send(msg_w, Started(main_thread=threading.get_ident()))
     try:
         _run(spec, msg_w, release_r)
     finally:  # its report is sent: what the function started ends with the rank
@@ -285,7 +285,7 @@ def _describe(exc: BaseException) -> Raised:
 # Frames that only wrap the learner's call: this module's, torch's logging decorator, the
 # device audit's mode, the tracer's dispatcher kernel and the check of a collective's tensors.
 PLUMBING = (__file__, "c10d_logger.py", audit.__file__, trace.__file__, "contextlib.py",
-             "overrides.py", collective_inputs.__file__)
+            "overrides.py", collective_inputs.__file__)
 
 
 def _drop_plumbing(report: traceback.TracebackException | None, seen: set | None = None) -> None:

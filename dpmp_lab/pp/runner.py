@@ -256,4 +256,3 @@ def _microbatches(batch: torch.Tensor, m: int, name: str) -> list[torch.Tensor]:
                          "micro-batches: the mean of micro-batch losses would not be the "
                          f"full-batch loss (use a batch divisible by {m})")
     return list(batch.chunk(m))
-

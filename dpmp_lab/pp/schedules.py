@@ -180,7 +180,7 @@ class Schedule:
         label = len(f"stage {self.n_stages - 1}")
         out = [self.describe(),
                "time".ljust(label) + " " + " ".join(str(t).ljust(width)
-                                                     for t in range(self.makespan))]
+                                                    for t in range(self.makespan))]
         for s, row in enumerate(rows):
             out.append(f"stage {s}".ljust(label) + " " + " ".join(c.ljust(width) for c in row))
         return "\n".join(line.rstrip() for line in out)

@@ -74,4 +74,3 @@ def vocab_parallel_cross_entropy(logits_shard: torch.Tensor, targets: torch.Tens
     if tp == 1:
         return F.cross_entropy(logits, targets)
     return _VocabParallelCrossEntropy.apply(logits, targets, group)
-

@@ -191,8 +191,8 @@ class RowParallelLinear(_ParallelLinear):
             check_features(x, self.in_features, "RowParallelLinear(input_is_parallel=False)")
             x = scatter_to_tp_region(x, self.group)
         check_features(x, self.local_in, "RowParallelLinear",
-                        f": this rank's slice of the {self.in_features} input features (pass "
-                        "input_is_parallel=False to give it the whole input)")
+                       f": this rank's slice of the {self.in_features} input features (pass "
+                       "input_is_parallel=False to give it the whole input)")
         y = reduce_from_tp_region(F.linear(x, self.weight), self.group)
         return y + self.bias if self.bias is not None else y
 
@@ -253,4 +253,3 @@ class VocabParallelEmbedding(Sharded):
     def extra_repr(self) -> str:
         return (f"{self.num_embeddings}, {self.embedding_dim} (this rank: ids {self.start}.."
                 f"{self.start + self.per_rank - 1})")
-

@@ -70,7 +70,7 @@ def shard_tensor(tensor: torch.Tensor, group: dist.ProcessGroup, dim: int) -> to
 
 
 def tp_all_reduce(x: torch.Tensor, group: dist.ProcessGroup,
-                op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> torch.Tensor:
+                  op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> torch.Tensor:
     # a contiguous copy: gloo needs contiguous memory, and a gradient handed to backward may
     # be shared with other nodes or be an expanded view (x.sum().backward() gives one)
     out = x.clone(memory_format=torch.contiguous_format)

@@ -98,7 +98,7 @@ VARIANTS = [
            "loses": _UNIT, "visible_says": ["an all-reduce where a reduce-scatter belongs"]}),
     _seen({"name": "the reduce-scattered gradient not divided by N",
            "replace": _edit("sharded_linear", ("return grad_x, grad_shard / world, None, None",
-                                                "return grad_x, grad_shard, None, None")),
+                                               "return grad_x, grad_shard, None, None")),
            "loses": _UNIT, "visible_says": ["divided by 3"]}),
     _seen({"name": "weight gradient transposed: x.T @ grad_out",
            "replace": _edit("sharded_linear", ("grad_w = grad_out.T @ x", "grad_w = x.T @ grad_out")),

@@ -1,0 +1,48 @@
+"""_helpers.py: the argument checks and the nested-tensor walk the modules share."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from dpmp_lab._helpers import tensors_in, whole_number
+
+
+def test_whole_number_refuses_bools_floats_and_out_of_range_values():
+    assert whole_number("world_size", 3) == 3
+    assert whole_number("warmup", 0, at_least=0) == 0
+    assert whole_number("repeats", 1000, at_most=1000) == 1000
+    with pytest.raises(TypeError, match=r"world_size must be an int, not bool \(True\)"):
+        whole_number("world_size", True)
+    with pytest.raises(TypeError, match="not float"):
+        whole_number("world_size", 2.0)
+    with pytest.raises(ValueError, match="repeats=0: it must be from 1 to 1000"):
+        whole_number("repeats", 0, at_most=1000)
+    with pytest.raises(ValueError, match="repeats=1001"):
+        whole_number("repeats", 1001, at_most=1000)
+    with pytest.raises(ValueError, match="jobs=0: it must be at least 1"):
+        whole_number("jobs", 0)
+    with pytest.raises(ValueError, match="a pipeline needs at least 1 stage"):
+        whole_number("stages", 0, what="a pipeline needs at least 1 stage")
+
+
+def test_tensors_in_walks_lists_tuples_and_dict_values_to_the_depth_asked():
+    a, b, c, d = (torch.full((1,), float(i)) for i in range(4))
+    nested = [a, (b, {"k": c}), {"deep": [[[d]]]}, "text", 3]
+    assert [t.item() for t in tensors_in(nested)] == [0, 1, 2, 3]
+    # levels=2: containers at depths 0, 1 and 2 are opened, a tensor at depth 3 is still seen
+    assert [t.item() for t in tensors_in(nested, levels=2)] == [0, 1, 2]
+    assert [t.item() for t in tensors_in([[[a]]], levels=2)] == [0]
+    assert list(tensors_in([[[[a]]]], levels=2)) == []
+    assert list(tensors_in(a)) == [a]
+
+
+def test_tensors_in_opens_modules_only_when_asked():
+    lin = nn.Linear(2, 3)
+    norm = nn.BatchNorm1d(3)
+    assert list(tensors_in([lin])) == []
+    found = list(tensors_in({"m": [lin, norm]}, modules=True))
+    expected = [*lin.parameters(), *norm.parameters(), *norm.buffers()]
+    assert len(found) == len(expected) and all(f is e for f, e in zip(found, expected,
+                                                                      strict=True))
