@@ -23,6 +23,7 @@ from nbclient import NotebookClient
 
 from dpmp_lab.instructor import course
 
+from .cell_dependencies import cells_to_rerun
 from .conftest import ROOT, stray_processes
 from .notebook_sources import cells_by_kind, source_notebook, variants, with_replacements
 
@@ -44,16 +45,42 @@ def test_there_are_assignments():
 # -- the instructor notebooks -----------------------------------------------------------------
 
 
+def _under_the_audit(nb: nbformat.NotebookNode, name: str, env: dict[str, str],
+                     allow_errors: bool = False) -> nbformat.NotebookNode:
+    """nb run in a fresh kernel under the device audit: every launch runs as if each rank had
+    a GPU, so a tensor of the notebook's on the wrong device under nccl fails here."""
+    NotebookClient(nb, timeout=600, kernel_name="python3", allow_errors=allow_errors,
+                   resources={"metadata": {"path": str(ROOT / "solutions" / name)}}).execute(
+        env={**env, "DPMP_LAB_DEVICE_AUDIT": "1"})
+    return nb
+
+
+def device_mistakes(name: str) -> dict[str, nbformat.NotebookNode]:
+    """{the mistaken cell: the solution notebook with that device mistake written in}."""
+    from tests.course_variants import solution_editor
+
+    return {cell: with_replacements(source_notebook(name), solution_editor(name)(cell, edit))
+            for mistake_of, cell, _, edit, _ in DEVICE_MISTAKES if mistake_of == name}
+
+
+def _audit_job(name: str, mistakes: dict[str, nbformat.NotebookNode],
+               env: dict[str, str]) -> dict[str, dict[str, str]]:
+    """The solution under the audit, then each device mistake: {"(solution)" or the mistake's
+    cell: {grade_id: error text}}. Run by the grading fixture beside the other kernels."""
+    _under_the_audit(source_notebook(name), name, env)   # raises at a failing cell
+    out: dict[str, dict[str, str]] = {"(solution)": {}}
+    for cell, nb in mistakes.items():
+        _under_the_audit(nb, name, env, allow_errors=True)
+        out[cell] = {c.metadata["nbgrader"]["grade_id"]: "\n".join(o.traceback)
+                     for c in nb.cells if c.cell_type == "code"
+                     for o in c.outputs if o.output_type == "error"}
+    return out
+
+
 @pytest.mark.parametrize("name", ASSIGNMENTS)
-def test_solution_notebook_runs_with_every_hidden_test_passing(name, monkeypatch):
-    """Under the device audit: every launch runs as if each rank had a GPU, so a tensor of the
-    notebook's that would be on the wrong device under nccl fails here. (The plain run on the
-    CPU is the nbgrader round trip below.)"""
-    monkeypatch.setenv("DPMP_LAB_DEVICE_AUDIT", "1")   # the kernel inherits it
-    nb = source_notebook(name)
-    NotebookClient(nb, timeout=600, kernel_name="python3",
-                   resources={"metadata": {"path": str(ROOT / "solutions" / name)}}).execute()
-    assert stray_processes() == []
+def test_solution_notebook_runs_with_every_hidden_test_passing(graded, name):
+    """Under the device audit (the plain run on the CPU is the nbgrader round trip below)."""
+    assert kernel_result(graded, "audit", name)["(solution)"] == {}
 
 
 @pytest.mark.parametrize("name", ASSIGNMENTS)
@@ -89,23 +116,14 @@ DEVICE_MISTAKES = [
 
 @pytest.mark.parametrize("name, cell, test_cell, edit, message", DEVICE_MISTAKES,
                          ids=[m[0] for m in DEVICE_MISTAKES])
-def test_a_device_mistake_fails_its_test_cell_under_the_audit(name, cell, test_cell, edit,
-                                                              message, monkeypatch):
-    from tests.course_variants import solution_editor
-
+def test_a_device_mistake_fails_its_test_cell_under_the_audit(graded, name, cell, test_cell,
+                                                              edit, message):
     if name not in ASSIGNMENTS:
         pytest.skip(f"{name} is not among DPMP_LAB_ASSIGNMENTS")
-    monkeypatch.setenv("DPMP_LAB_DEVICE_AUDIT", "1")
-    nb = with_replacements(source_notebook(name), solution_editor(name)(cell, edit))
-    NotebookClient(nb, timeout=600, kernel_name="python3", allow_errors=True,
-                   resources={"metadata": {"path": str(ROOT / "solutions" / name)}}).execute()
-    failed = {c.metadata["nbgrader"]["grade_id"]: "\n".join(o.traceback)
-              for c in nb.cells if c.cell_type == "code"
-              for o in c.outputs if o.output_type == "error"}
+    failed = kernel_result(graded, "audit", name)[cell]
     assert test_cell in failed, f"{test_cell} passed: {sorted(failed)}"
     assert "device audit: " + message in failed[test_cell]
     assert "dl.device()" in failed[test_cell] and "cell, line" in failed[test_cell]
-    assert stray_processes() == []
 
 
 # -- recall questions without surface cues --------------------------------------------------------
@@ -193,20 +211,21 @@ def _comparable(path: Path) -> dict:
     return nb
 
 
-def test_course_folder_is_current(tmp_path):
-    with ThreadPoolExecutor(max_workers=GRADE_JOBS) as pool:   # one nbgrader process each
-        list(pool.map(lambda n: course.release([n], root=ROOT, into=str(tmp_path)), ASSIGNMENTS))
-    for name in ASSIGNMENTS:
-        fresh, committed = tmp_path / name, ROOT / "course" / name
-        files = sorted(p.relative_to(fresh) for p in fresh.rglob("*") if p.is_file())
-        assert files == sorted(p.relative_to(committed) for p in committed.rglob("*")
-                               if p.is_file()), f"course/{name} has other files than solutions/"
-        for rel in files:
-            if rel.suffix == ".ipynb":
-                assert _comparable(fresh / rel) == _comparable(committed / rel), (
-                    f"course/{name}/{rel} is stale: run `dpmp-lab release {name}`")
-            else:
-                assert (fresh / rel).read_bytes() == (committed / rel).read_bytes()
+@pytest.mark.parametrize("name", ASSIGNMENTS)
+def test_course_folder_is_current(graded, name):
+    """course/NN is what `dpmp-lab release` makes of solutions/NN: the round trip's own release
+    (made in its scratch course by course.release) against the committed one."""
+    scores_of(graded, name, "solution")   # fails clearly if that round trip failed
+    fresh, committed = graded["roots"][name] / "course" / name, ROOT / "course" / name
+    files = sorted(p.relative_to(fresh) for p in fresh.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(committed) for p in committed.rglob("*")
+                           if p.is_file()), f"course/{name} has other files than solutions/"
+    for rel in files:
+        if rel.suffix == ".ipynb":
+            assert _comparable(fresh / rel) == _comparable(committed / rel), (
+                f"course/{name}/{rel} is stale: run `dpmp-lab release {name}`")
+        else:
+            assert (fresh / rel).read_bytes() == (committed / rel).read_bytes()
 
 
 # -- what a learner sees before hand-in -----------------------------------------------------------
@@ -231,7 +250,7 @@ def learner_view_sample() -> list[tuple[str, dict]]:
     return list(first.items())
 
 
-def _learner_view_failures(name: str, variant: dict) -> dict[str, str]:
+def _learner_view_failures(name: str, variant: dict, env: dict[str, str]) -> dict[str, str]:
     """Run the learner's view of `name` with the mistake written in, up to the visible test
     cells the variant names; return {grade_id: error text} of the cells that failed."""
     nb = with_replacements(source_notebook(name), variant["replace"])
@@ -241,7 +260,8 @@ def _learner_view_failures(name: str, variant: dict) -> dict[str, str]:
     ids = [c.metadata.get("nbgrader", {}).get("grade_id") for c in nb.cells]
     nb.cells = nb.cells[:max(ids.index(cell) for cell in variant["visible"]) + 1]
     NotebookClient(nb, timeout=600, kernel_name="python3", allow_errors=True,
-                   resources={"metadata": {"path": str(ROOT / "solutions" / name)}}).execute()
+                   resources={"metadata": {"path": str(ROOT / "solutions" / name)}}).execute(
+        env=env)
     return {c.metadata["nbgrader"]["grade_id"]: "\n".join(o.get("traceback", []))
             for c in nb.cells if c.cell_type == "code"
             for o in c.outputs if o.output_type == "error"}
@@ -282,12 +302,16 @@ def test_the_learner_sees_the_same_failure_without_the_hidden_tests(graded, name
 # them. So each notebook runs once in one kernel, as nbgrader's autograde would (GRADING on),
 # saving the kernel's namespace before each cell where a variant starts; then each variant
 # re-runs the notebook from its first changed cell, with its own sources, after the namespace
-# saved there is put back. nbgrader's real round trip (release, submit,
-# autograde, feedback) grades the solution, the blank release, every variant that writes into
-# the grader (it would spoil a shared kernel, and only nbgrader's scan zeroes it), and every
-# SAMPLE_EVERY-th variant, which are graded both ways: both must give exactly `loses`.
-
-SAMPLE_EVERY = 12   # 2-3 variants per notebook: one autograde is a whole notebook run
+# saved there is put back. nbgrader's real round trip (release, submit, autograde, feedback)
+# grades the solution, the blank release, every variant that writes into the grader (it would
+# spoil a shared kernel, and only nbgrader's scan zeroes it), and one sample variant of each
+# notebook, which is graded both ways: both must give exactly `loses`. (One autograde is a
+# whole notebook run in a fresh sandbox: a sample of one per notebook shows the two ways agree,
+# more would only repeat it.)
+# After its changed cells a variant re-runs only the cells a change can reach
+# (tests/cell_dependencies.py), with the random state each saw in the solution's run; a result
+# other than the variant's `loses` is checked by re-running the whole rest of the notebook, and
+# the sample nbgrader grades is the variant that skips the most.
 
 
 def writes_into_the_grader(name: str, variant: dict) -> bool:
@@ -300,11 +324,29 @@ def writes_into_the_grader(name: str, variant: dict) -> bool:
     return bool(scan.scan([c.source for c in mine], context=[c.source for c in given]))
 
 
+def changed_cells(name: str, variant: dict) -> set[int]:
+    ids = [c.metadata.get("nbgrader", {}).get("grade_id") for c in source_notebook(name).cells]
+    return {ids.index(cell) for cell in variant["replace"]}
+
+
+def _cells_skipped(name: str, variant: dict) -> int:
+    """How many code cells after its first change the one-kernel grading of `variant` skips
+    (reading the notebook alone: the kernel's immutable values make it skip more)."""
+    sources = _code_sources(with_replacements(source_notebook(name), variant["replace"]))
+    changed = changed_cells(name, variant)
+    after = [i for i, src in enumerate(sources) if src is not None and i >= min(changed)]
+    return len(after) - len(cells_to_rerun(sources, changed))
+
+
 @functools.cache
 def by_nbgrader(name: str) -> list[int]:
-    """Indices of the variants nbgrader grades for real."""
-    return [i for i, v in enumerate(variants(name))
-            if i % SAMPLE_EVERY == 0 or writes_into_the_grader(name, v)]
+    """Indices of the variants nbgrader grades for real: those that write into the grader,
+    and of the others the one whose one-kernel grading skips the most cells."""
+    flagged = [i for i, v in enumerate(variants(name)) if writes_into_the_grader(name, v)]
+    others = [i for i in range(len(variants(name))) if i not in flagged]
+    sample = max(others, key=lambda i: (_cells_skipped(name, variants(name)[i]), -i),
+                 default=None)
+    return sorted(flagged + ([] if sample is None else [sample]))
 
 
 @functools.cache
@@ -326,7 +368,7 @@ def _round_trip(root: Path, name: str) -> dict:
     root.mkdir()
     shutil.copy(ROOT / "nbgrader_config.py", root)
     shutil.copytree(ROOT / "solutions" / name, root / "solutions" / name)
-    course.nbgrader("generate_assignment", name, "--force", root=root, capture=True)
+    course.release([name], root=root)
     released = nbformat.read(root / "course" / name / f"{name}.ipynb", as_version=4)
     _submit(root, "solution", name, source_notebook(name))
     _submit(root, "release", name, released)
@@ -409,7 +451,29 @@ def __dpmp_restore(at):
     random.setstate(rng)
 
 
+def __dpmp_save_rng(at):
+    import random, torch
+    __dpmp_rng[at] = (torch.random.get_rng_state(), random.getstate())
+
+
+def __dpmp_restore_rng(at):
+    import random, torch
+    torch.random.set_rng_state(__dpmp_rng[at][0])
+    random.setstate(__dpmp_rng[at][1])
+
+
+def __dpmp_immutable():
+    import json, types, torch
+    atoms = (int, float, complex, str, bytes, bool, type(None), frozenset, range, torch.dtype,
+             torch.device, types.ModuleType, types.FunctionType, types.BuiltinFunctionType,
+             type)
+    def fixed(v):
+        return isinstance(v, atoms) or (isinstance(v, tuple) and all(fixed(x) for x in v))
+    print(json.dumps(sorted(k for k, v in globals().items() if not __dpmp_skip(k) and fixed(v))))
+
+
 __dpmp_saved = {}
+__dpmp_rng = {}
 """
 
 
@@ -435,19 +499,29 @@ async def _grade_in_one_kernel(name: str) -> dict[str, KernelGrade]:
     todo = [variants(name)[i] for i in in_one_kernel(name)]
     first = {v["name"]: min(ids.index(cell) for cell in v["replace"]) for v in todo}
 
-    async def plumbing(code: str, index: int) -> None:
+    async def plumbing(code: str, index: int) -> str:
         step = nbformat.v4.new_code_cell(code)
         await client.async_execute_cell(step, index)
         errors = [o for o in step.outputs if o.output_type == "error"]
         assert not errors, "\n".join(errors[0].traceback)
+        return "".join(o.get("text", "") for o in step.outputs if o.output_type == "stream")
 
-    async def run(cells: list, start: int, save: bool = False) -> KernelGrade:
-        grade = KernelGrade({}, {})
+    async def run(cells: list, start: int, save: bool = False,
+                  only: set[int] | None = None) -> KernelGrade:
+        grade, skipped = KernelGrade({}, {}), False
         for index, cell in enumerate(cells, start):
             if save and index in first.values():
                 await plumbing(f"__dpmp_save({index})", index)
             if cell.cell_type != "code":
                 continue
+            if save and index >= earliest:
+                await plumbing(f"__dpmp_save_rng({index})", index)
+            if only is not None and index not in only:
+                skipped = True
+                continue
+            if skipped:   # the random state this cell saw in the solution's run
+                await plumbing(f"__dpmp_restore_rng({index})", index)
+                skipped = False
             meta = cell.metadata.get("nbgrader", {})
             parts = _split_at_hidden_tests(cell.source) if meta.get("grade") else (cell.source,)
             for n, part in enumerate(parts):
@@ -465,24 +539,47 @@ async def _grade_in_one_kernel(name: str) -> dict[str, KernelGrade]:
                     break
         return grade
 
-    results = {}
+    def as_expected(variant: dict, grade: KernelGrade) -> bool:
+        return (set(grade.failed) == set(variant["loses"])
+                and set(variant.get("visible", ())) <= set(grade.visible))
+
+    earliest = min(first.values(), default=len(nb.cells))
+    results: dict = {"(skipping)": {}}
     client.reset_execution_trackers()
     async with client.async_setup_kernel():
         await client.async_wait_for_reply(await ensure_async(client.kc.kernel_info()))
         await plumbing(_CHECKPOINTS, 0)
         results["(solution)"] = await run(nb.cells, 0, save=True)
+        immutable = frozenset(json.loads(await plumbing("__dpmp_immutable()", 0)))
         for variant in sorted(todo, key=lambda v: -first[v["name"]]):
             start = first[variant["name"]]
+            changed = with_replacements(nb, variant["replace"])
+            only = cells_to_rerun(_code_sources(changed), changed_cells(name, variant),
+                                  immutable)
             await plumbing(f"__dpmp_restore({start})", start)
-            cells = with_replacements(nb, variant["replace"]).cells[start:]
-            results[variant["name"]] = await run(cells, start)
+            grade = await run(changed.cells[start:], start, only=only)
+            # a skipping run that differs from what the variant should lose may have missed
+            # a dependency: the whole rest of the notebook decides
+            skipping = grade
+            if not as_expected(variant, grade):
+                await plumbing(f"__dpmp_restore({start})", start)
+                grade = await run(changed.cells[start:], start)
+            results[variant["name"]] = grade
+            results["(skipping)"][variant["name"]] = {
+                "ran": sorted(only), "fell back": grade is not skipping,
+                "skipping lost": sorted(skipping.failed) if grade is not skipping else None}
     return results
+
+
+def _code_sources(nb: nbformat.NotebookNode) -> list[str | None]:
+    return [c.source if c.cell_type == "code" else None for c in nb.cells]
 
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory) -> dict:
     """nbgrader's scores per (assignment, student, graded cell) after a real round trip, the
-    one-kernel grades of every variant, and the learner-view sample: GRADE_JOBS jobs at once
+    one-kernel grades of every variant, the learner-view sample and the runs under the device
+    audit: GRADE_JOBS jobs at once
     (grading waits on kernels and rank processes starting far more than it computes)."""
     base = tmp_path_factory.mktemp("courses")
 
@@ -493,16 +590,23 @@ def graded(tmp_path_factory) -> dict:
                 return _round_trip(base / rest[0], name)
             if kind == "kernel":
                 return asyncio.run(_grade_in_one_kernel(name))
-            return _learner_view_failures(name, rest[0])
+            if kind == "audit":
+                return _audit_job(name, copy.deepcopy(mistakes[name]), plain_env)
+            return _learner_view_failures(name, rest[0], plain_env)
         except Exception as exc:   # reported by that assignment's tests, not by all of them
             return exc
 
+    mistakes = {}
     for name in ASSIGNMENTS:   # parse the variants here: ast.parse in several threads at once
         by_nbgrader(name)      # can fail on CPython 3.11 ("AST constructor recursion depth
         in_one_kernel(name)    # mismatch"), and these are cached for the jobs
+        mistakes[name] = device_mistakes(name)
     jobs = ([("kernel", n) for n in sorted(ASSIGNMENTS, key=lambda n: -len(variants(n)))]
             + [("nbgrader", n, n) for n in ASSIGNMENTS]
-            + [("learner", n, v) for n, v in learner_view_sample()])
+            + [("learner", n, v) for n, v in learner_view_sample()]
+            + [("audit", n) for n in ASSIGNMENTS])
+    # a learner's kernel and the audit's: no GRADING, whatever the one-kernel runs set
+    plain_env = {k: v for k, v in os.environ.items() if k != "NBGRADER_EXECUTION"}
     before = os.environ.get("NBGRADER_EXECUTION")
     os.environ["NBGRADER_EXECUTION"] = "autograde"   # the one-kernel runs: GRADING is True
     try:
@@ -513,7 +617,7 @@ def graded(tmp_path_factory) -> dict:
             os.environ.pop("NBGRADER_EXECUTION", None)
         else:
             os.environ["NBGRADER_EXECUTION"] = before
-    out: dict = {"nbgrader": {}, "kernel": {}, "learner": {}, "roots": {}}
+    out: dict = {"nbgrader": {}, "kernel": {}, "learner": {}, "audit": {}, "roots": {}}
     for (kind, name, *rest), result in zip(jobs, done, strict=True):
         if kind == "learner":
             out["learner"][(name, rest[0]["name"])] = result
@@ -522,17 +626,20 @@ def graded(tmp_path_factory) -> dict:
     # A job that failed among others runs once more alone: a failure that only happens under
     # load is then reported as a warning with its first error, never hidden.
     out["roots"] = {name: base / name for name in ASSIGNMENTS}
-    for kind in ("nbgrader", "kernel"):
+    for kind in ("nbgrader", "kernel", "audit"):
         for name in [n for n, r in out[kind].items() if isinstance(r, Exception)]:
             first = out[kind][name]
             if kind == "nbgrader":
                 out["roots"][name] = base / f"{name}-alone"
                 out[kind][name] = job(("nbgrader", name, f"{name}-alone"))
             else:
-                out[kind][name] = job(("kernel", name))
+                out[kind][name] = job((kind, name))
             if not isinstance(out[kind][name], Exception):
                 warnings.warn(f"{kind} grading of {name} failed side by side and passed "
                               f"alone: {first}", stacklevel=1)
+    # how much the one-kernel runs skipped, for whoever looks at where the time goes
+    (base / "skipping.json").write_text(json.dumps(
+        {n: r["(skipping)"] for n, r in out["kernel"].items() if isinstance(r, dict)}, indent=1))
     assert stray_processes() == []
     return out
 
@@ -544,11 +651,18 @@ def scores_of(graded: dict, name: str, student: str) -> dict:
     return result[(name, student)]
 
 
-def one_kernel_result(graded: dict, name: str) -> dict[str, KernelGrade]:
-    result = graded["kernel"][name]
+def kernel_result(graded: dict, kind: str, name: str) -> dict:
+    """What the fixture's `kind` job ("kernel": the one-kernel grading, "audit": the runs under
+    the device audit) found for `name`, or the test's failure with that job's error."""
+    result = graded[kind][name]
     if isinstance(result, Exception):
-        pytest.fail(f"grading {name} in one kernel failed: {result}")
+        what = {"kernel": "grading in one kernel", "audit": "running under the device audit"}
+        pytest.fail(f"{what[kind]} of {name} failed: {result}")
     return result
+
+
+def one_kernel_result(graded: dict, name: str) -> dict[str, KernelGrade]:
+    return kernel_result(graded, "kernel", name)
 
 
 @pytest.mark.parametrize("name", ASSIGNMENTS)

@@ -1,0 +1,325 @@
+"""Which cells of a notebook a change can reach: what the one-kernel grading of
+tests/test_course.py re-runs after a variant's cells, instead of the whole rest of the notebook.
+
+A static reading of each cell's names, conservative where it can be: a cell re-runs when it
+reads a name that a re-run cell bound or may have changed (any name a re-run cell reads may
+have been mutated, unless it is only ever bound by import, def or class); reading a function
+reads the names its body reads. A cell that reaches the whole namespace (globals(), exec,
+eval, vars, `global`, the shell's user_ns) re-runs always and spoils every name. Skipped cells
+are assumed to do again what they did in the solution's run; a cell that must re-run and reads
+a name a skipped cell between bound or changed makes that cell run too.
+
+What no reading of names sees (state outside the namespace: files, torch's global settings,
+an object that keeps a callback) can make a skipping run differ from a full one. The grading
+that uses this checks every variant's result against the cells it should lose and re-runs the
+whole rest of the notebook when the two differ, so a skipping run that fails too much is
+repaired, and nbgrader grades the variant that skips the most in full.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import symtable
+
+from IPython.core.inputtransformer2 import TransformerManager
+
+EVERYTHING = "*"   # a read or a bind of the whole namespace
+_WHOLE_NAMESPACE = {"globals", "vars", "locals", "eval", "exec", "__import__", "user_ns",
+                    "user_global_ns"}
+_WHOLE_NAMESPACE_MAGICS = {"run", "store", "reset", "who", "whos", "load", "macro"}
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
+
+
+@dataclasses.dataclass(frozen=True)
+class CellNames:
+    reads: frozenset[str]              # every name the cell mentions; EVERYTHING in it: all
+    binds: frozenset[str]              # names bound at the top level; EVERYTHING in it: all
+    inside: dict[str, frozenset[str]]  # a def/class/lambda bound here -> names its body reads
+    definitions: frozenset[str]        # names bound only by import, def or class here
+
+
+def _python(source: str) -> list[str]:
+    """The cell as Python (IPython's magics turned into calls), and the body of a cell magic,
+    which runs elsewhere (%%distributed's ranks) but reads the notebook's names."""
+    code = TransformerManager().transform_cell(source)
+    bodies = [code]
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return bodies
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("run_cell_magic", "run_line_magic")):
+            magic = node.args[0].value if node.args and isinstance(node.args[0],
+                                                                   ast.Constant) else None
+            if magic in _WHOLE_NAMESPACE_MAGICS or not isinstance(magic, str):
+                bodies.append("exec('')")   # it may read and bind any name
+            body = node.args[-1] if node.func.attr == "run_cell_magic" else None
+            if isinstance(body, ast.Constant) and isinstance(body.value, str):
+                bodies.append(body.value)
+    return bodies
+
+
+def _global_reads(table: symtable.SymbolTable) -> set[str]:
+    """Module names that the function or class of `table` (and the scopes inside it) reads
+    when it runs: its globals, not its parameters or locals; "globals" for one that binds
+    module names (`global x`)."""
+    out: set[str] = set()
+    for sym in table.get_symbols():
+        if sym.is_global() and sym.is_referenced():
+            out.add(sym.get_name())
+        if sym.is_declared_global() and sym.is_assigned():
+            out.add("globals")
+    for child in table.get_children():
+        out |= _global_reads(child)
+    return out
+
+
+def _loads_now(node: ast.AST) -> set[str]:
+    """Names `node` reads from the namespace when it runs now: a def's decorators and
+    defaults (its body runs later), a lambda's or a comprehension's body less its own names,
+    a class's body."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        args = node.args
+        return set().union(*(_loads_now(n) for n in [*node.decorator_list, *args.defaults,
+                                                       *[d for d in args.kw_defaults if d]]))
+    if isinstance(node, ast.Lambda):
+        params = {a.arg for a in [*node.args.posonlyargs, *node.args.args,
+                                  *node.args.kwonlyargs, node.args.vararg, node.args.kwarg]
+                  if a is not None}
+        return _loads_now(node.body) - params
+    if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
+        own = {n.id for g in node.generators for n in ast.walk(g.target)
+               if isinstance(n, ast.Name)}
+        out = set().union(*(_loads_now(c) for c in ast.iter_child_nodes(node)))
+        return (out - own) | _loads_now(node.generators[0].iter)
+    if isinstance(node, ast.Name):
+        return {node.id} if isinstance(node.ctx, ast.Load) else set()
+    if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name):
+        return {node.target.id} | _loads_now(node.value)
+    return set().union(*(_loads_now(c) for c in ast.iter_child_nodes(node)))
+
+
+def _reads_in_order(tree: ast.Module) -> set[str]:
+    """Names the cell reads before binding them itself: `res = f(); g(res)` does not read the
+    res of an earlier cell. Only a plain assignment, def, class or import at the top level
+    counts as binding; under if/for/try a name may stay unbound."""
+    reads: set[str] = set()
+    bound: set[str] = set()
+    for stmt in tree.body:
+        reads |= _loads_now(stmt) - bound
+        if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None:
+            sides = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+            bound |= {t.id for side in sides for t in ([side] if isinstance(side, ast.Name)
+                      else side.elts if isinstance(side, (ast.Tuple, ast.List)) else [])
+                      if isinstance(t, ast.Name)}
+        elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(stmt.name)
+        elif isinstance(stmt, (ast.Import, ast.ImportFrom)):
+            bound |= {(a.asname or a.name).split(".")[0] for a in stmt.names}
+    return reads
+
+
+def _scopes_named(table: symtable.SymbolTable, name: str) -> list[symtable.SymbolTable]:
+    return [c for c in table.get_children() if c.get_name() == name]
+
+
+_READ_ONLY = {"get", "keys", "items", "values", "copy", "__contains__", "__getitem__"}
+
+
+def _namespace_writes(tree: ast.AST) -> bool:
+    """Whether the cell may bind names through the namespace itself: exec, eval, `global`,
+    or globals()/vars() used other than read (`globals()[name]`, `.get`, `in globals()`)."""
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id in ("exec", "eval", "__import__"):
+            return True
+        if isinstance(node, (ast.Global, ast.Nonlocal)):
+            return True
+        if isinstance(node, ast.Attribute) and node.attr in ("user_ns", "user_global_ns"):
+            return True
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id in ("globals", "vars", "locals")):
+            continue
+        up = parents.get(node)
+        if isinstance(up, ast.Subscript) and isinstance(up.ctx, ast.Load):
+            continue
+        if isinstance(up, ast.Attribute) and up.attr in _READ_ONLY:
+            continue
+        if isinstance(up, ast.Compare) and node in up.comparators:
+            continue
+        if isinstance(up, ast.Call) and isinstance(up.func, ast.Name) and up.func.id in (
+                "sorted", "list", "len", "set", "dict", "print", "repr"):
+            continue
+        return True
+    return False
+
+
+def _names_looked_up(tree: ast.AST) -> set[str] | None:
+    """The names a cell reads through globals() by a string: `globals()[name]` or
+    `globals().get(name)` with a constant or a variable, where the strings the cell holds are
+    the names it can look up (every identifier-like string constant of the cell); None when
+    a lookup's key is built some other way (an f-string, a call) or globals() is used whole."""
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id in ("globals", "vars", "locals")):
+            continue
+        up = parents.get(node)
+        if isinstance(up, ast.Subscript):
+            key = up.slice
+        elif isinstance(up, ast.Attribute) and up.attr == "get":
+            call = parents.get(up)
+            key = call.args[0] if isinstance(call, ast.Call) and call.args else None
+        else:
+            return None
+        if not isinstance(key, (ast.Constant, ast.Name)):
+            return None
+    return {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)
+            and isinstance(n.value, str) and n.value.isidentifier()}
+
+
+def _top_level_binds(tree: ast.Module) -> tuple[set[str], set[str]]:
+    """(names bound outside any function or class body, those bound only by import/def/class)."""
+    binds: set[str] = set()
+    plain: set[str] = set()   # bound by something else than import/def/class
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            binds.add(node.name)
+            for d in node.decorator_list:
+                visit(d)
+            return
+        if isinstance(node, ast.Lambda):
+            return
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                binds.add((alias.asname or alias.name).split(".")[0])
+            return
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            binds.add(node.id)
+            plain.add(node.id)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            binds.add(node.name)
+            plain.add(node.name)
+        elif isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name:
+            binds.add(node.name)
+            plain.add(node.name)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return binds, binds - plain
+
+
+def cell_names(source: str) -> CellNames:
+    reads: set[str] = set()
+    binds: set[str] = set()
+    definitions: set[str] = set()
+    inside: dict[str, frozenset[str]] = {}
+    codes = []
+    for code in _python(source):
+        try:
+            tree = ast.parse(code)
+        except SyntaxError:   # not Python (a magic's own language): it may touch anything
+            reads.add(EVERYTHING)
+            binds.add(EVERYTHING)
+            continue
+        codes.append(code)
+        table = symtable.symtable(code, "<cell>", "exec")
+        reads |= _reads_in_order(tree)
+        reads |= {n.attr for n in ast.walk(tree)
+                  if isinstance(n, ast.Attribute) and n.attr in _WHOLE_NAMESPACE}
+        bound, only_defined = _top_level_binds(tree)
+        binds |= bound
+        definitions |= only_defined
+        for node in tree.body:   # what a function or class bound here reads when it is used
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                scopes, targets = _scopes_named(table, node.name), [node.name]
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)) and any(
+                    isinstance(n, _SCOPES) for n in ast.walk(node.value or ast.Pass())):
+                sides = node.targets if isinstance(node, ast.Assign) else [node.target]
+                targets = [n.id for t in sides for n in ast.walk(t) if isinstance(n, ast.Name)]
+                scopes = _scopes_named(table, "lambda")
+            else:
+                continue
+            used = set().union(*(_global_reads(c) for c in scopes))
+            for name in targets:
+                inside[name] = inside.get(name, frozenset()) | frozenset(used)
+        # a function this cell defines and then calls (or hands to dl.launch) reads what its
+        # body reads, although the ordered reading sees the name bound first
+        loaded = {n.id for n in ast.walk(tree)
+                  if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        for name in loaded & set(inside):
+            reads |= inside[name]
+    if reads & _WHOLE_NAMESPACE:   # now; a function's body that does it does so when called
+        trees = [ast.parse(code) for code in codes]
+        if any(_namespace_writes(tree) for tree in trees):
+            reads.add(EVERYTHING)
+            binds.add(EVERYTHING)
+        else:
+            looked_up = [_names_looked_up(tree) for tree in trees]
+            if any(names is None for names in looked_up):
+                reads.add(EVERYTHING)
+            else:
+                reads |= set().union(*looked_up)
+                reads -= _WHOLE_NAMESPACE
+    return CellNames(frozenset(reads), frozenset(binds), inside, frozenset(definitions))
+
+
+def cells_to_rerun(sources: list[str | None], changed: set[int],
+                   immutable: frozenset[str] = frozenset()) -> set[int]:
+    """Indices of the code cells after the first changed one that a run with `changed` cells
+    replaced must execute (the changed ones included); None marks a cell that is not code.
+    `immutable`: names whose values no cell can change in place (ints, strings, modules, as
+    the solution's kernel holds them)."""
+    start = min(changed)
+    names = [cell_names(s) if s is not None else None for s in sources]
+    code = [i for i, n in enumerate(names) if n is not None]
+    # never changed in place by a cell that reads them: names only ever bound by import, def
+    # or class, names no cell binds (builtins, the shell's), and immutable values
+    bound = {b for n in names if n for b in n.binds}
+    rebound = {b for n in names if n for b in n.binds - n.definitions}
+    fixed = ({d for n in names if n for d in n.definitions} - rebound) | set(immutable)
+    fixed |= {r for n in names if n for r in n.reads} - bound - {EVERYTHING}
+    bodies: dict[str, set[str]] = {}
+    for n in names:
+        for name, inner in (n.inside.items() if n else ()):
+            bodies.setdefault(name, set()).update(inner)
+
+    def deep_reads(i: int) -> set[str]:
+        out, todo = set(), list(names[i].reads)
+        while todo:
+            name = todo.pop()
+            if name not in out:
+                out.add(name)
+                todo.extend(bodies.get(name, ()))
+        return out | ({EVERYTHING} if out & _WHOLE_NAMESPACE else set())
+
+    def touches(i: int) -> set[str]:
+        # what the cell binds, and what it may change in place: the objects it reads by name
+        # (reading the whole namespace changes nothing by itself)
+        return set(names[i].binds) | (deep_reads(i) - fixed - {EVERYTHING})
+
+    def spoils(reads: set[str], dirty: set[str]) -> bool:
+        return EVERYTHING in reads or EVERYTHING in dirty or bool(reads & dirty)
+
+    run: set[int] = set()
+    dirty: set[str] = set()
+    for i in (i for i in code if i >= start):
+        if i in changed or spoils(deep_reads(i), dirty):
+            run.add(i)
+            dirty |= touches(i)
+    # a cell that runs reads what skipped cells since `start` bound or changed: they run too
+    # (the namespace put back is the one before `start`)
+    grew = True
+    while grew:
+        grew = False
+        for j in sorted(run):
+            reads = deep_reads(j)
+            for i in (i for i in code if start <= i < j and i not in run):
+                if spoils(reads, set(names[i].binds)) or spoils(reads - fixed, touches(i)):
+                    run.add(i)
+                    grew = True
+    return run

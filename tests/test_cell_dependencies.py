@@ -1,0 +1,69 @@
+"""cell_dependencies.py: which cells the one-kernel grading re-runs after a changed cell."""
+
+from __future__ import annotations
+
+from tests.cell_dependencies import EVERYTHING, cell_names, cells_to_rerun
+
+
+def test_names_read_and_bound_through_magics_defs_and_lambdas():
+    names = cell_names("import torch\nfrom a.b import c as d\ndef f(x):\n    return g(x) + y\n"
+                       "h = lambda: k\nz = f(1)\n")
+    assert {"torch", "d", "f", "h", "z"} == names.binds
+    assert names.definitions == {"torch", "d", "f"}
+    assert names.inside["f"] >= {"g", "y"} and names.inside["h"] >= {"k"}
+    magic = cell_names("%%distributed -n 2\nout = model(x)\n")
+    assert {"model", "x"} <= magic.reads and "out" in magic.binds
+    assert "x" in cell_names("print(globals()['x'])").reads
+    assert EVERYTHING in cell_names("print(globals()[input()])").reads
+    assert EVERYTHING not in cell_names("def f():\n    return globals()").reads
+    assert "globals" in cell_names("def f():\n    global q\n    q = 1\n").inside["f"]
+    assert EVERYTHING in cell_names("%run other.py").reads
+
+
+def test_a_change_reaches_readers_through_functions_and_mutation():
+    cells = ["import torch",                       # 0
+             "def answer(x):\n    return x * 2",   # 1 the learner's (changed)
+             "def check():\n    return answer(3)",  # 2 a helper that calls it later
+             "model = [1]",                        # 3 unrelated, but read by 6
+             "assert check() == 6",                # 4 reads answer through check
+             "other = torch.ones(2)",              # 5 unrelated: skipped
+             "model.append(answer(1))",            # 6 reads answer, mutates model
+             "assert len(model) == 2",             # 7 reads the mutated model
+             None,                                 # 8 markdown
+             "assert other.sum() == 2"]            # 9 unrelated: skipped
+    assert cells_to_rerun(cells, {1}) == {1, 2, 3, 4, 6, 7}
+    # a change after everything it could reach: itself only
+    assert cells_to_rerun(cells, {9}) == {9}
+
+
+def test_a_cell_that_reaches_the_whole_namespace_spoils_all_after_it():
+    cells = ["x = 1", "y = 2", "globals().update(q=1)", "z = 3", "w = 4"]
+    assert cells_to_rerun(cells, {1}) == {1, 2, 3, 4}
+    assert cells_to_rerun(["a = 1", "b = a", "c = 3"], {0}) == {0, 1}
+    # a function that reads the namespace does so when it is called, not where it is defined
+    cells = ["x = 1", "def names():\n    return sorted(globals())", "y = 2", "print(names())",
+             "z = 3"]
+    assert cells_to_rerun(cells, {2}) == {2, 3}
+    assert cells_to_rerun(cells, {0}) == {0, 1, 2, 3}
+
+
+def test_reading_the_namespace_is_not_writing_it():
+    reader = cell_names("for n in ('a', 'b'):\n    v = globals()[n]\nprint(globals().get('c'))")
+    assert {"a", "b", "c"} <= reader.reads and EVERYTHING not in reader.reads | reader.binds
+    whole = cell_names("print(sorted(globals()))\nv = globals()[f'x{1}']")
+    assert EVERYTHING in whole.reads and EVERYTHING not in whole.binds
+    for writer in ("globals()['a'] = 1", "globals().update(a=1)", "exec('a = 1')",
+                   "get_ipython().user_ns['a'] = 1"):
+        assert EVERYTHING in cell_names(writer).binds, writer
+    cells = ["a = 1", "b = 2", "assert globals()['a'] == 1", "c = 3", "print(globals())"]
+    # the last reads every name: what skipped cells since the change bound must be there
+    assert cells_to_rerun(cells, {0}) == {0, 1, 2, 3, 4}
+    assert cells_to_rerun(cells[:4], {0}) == {0, 2}
+
+
+def test_a_function_defined_and_launched_in_one_cell_reads_what_its_body_reads():
+    cells = ["def answer():\n    return 1",
+             "def check():\n    assert answer() == 1\n\ndl.launch(check, world_size=2)",
+             "other = 2"]
+    assert "answer" in cell_names(cells[1]).reads
+    assert cells_to_rerun(cells, {0}) == {0, 1}
