@@ -81,9 +81,9 @@ def _loads_now(node: ast.AST) -> set[str]:
     defaults (its body runs later), a lambda's or a comprehension's body less its own names,
     a class's body."""
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        args = node.args
-        return set().union(*(_loads_now(n) for n in [*node.decorator_list, *args.defaults,
-                                                       *[d for d in args.kw_defaults if d]]))
+        now = [*node.decorator_list, *node.args.defaults,
+               *[d for d in node.args.kw_defaults if d]]
+        return set().union(*(_loads_now(n) for n in now))
     if isinstance(node, ast.Lambda):
         params = {a.arg for a in [*node.args.posonlyargs, *node.args.args,
                                   *node.args.kwonlyargs, node.args.vararg, node.args.kwarg]
