@@ -196,8 +196,10 @@ def test_a_memory_cgroup_stops_a_job_past_its_limit_and_says_so():
 
 def test_a_pids_cgroup_stops_a_fork_bomb_and_says_so():
     job = _held("pids")
+    # the sleeps hold no pipe of ours, so the run ends when the Python process does
     code = ("import subprocess\nkids = []\ntry:\n    for _ in range(40):\n"
-            "        kids.append(subprocess.Popen(['sleep', '30']))\nexcept OSError:\n"
+            "        kids.append(subprocess.Popen(['sleep', '30'], stdout=subprocess.DEVNULL,\n"
+            "                                     stderr=subprocess.DEVNULL))\nexcept OSError:\n"
             "    print('refused')\n")
     try:
         done = subprocess.run(limits.enter_command([sys.executable, "-c", code],
