@@ -297,10 +297,10 @@ def cells_to_rerun(sources: list[str | None], changed: set[int],
                 todo.extend(bodies.get(name, ()))
         return out | ({EVERYTHING} if out & _WHOLE_NAMESPACE else set())
 
-    def touches(i: int) -> set[str]:
-        # what the cell binds, and what it may change in place: the objects it reads by name
-        # (reading the whole namespace changes nothing by itself)
-        return set(names[i].binds) | (deep_reads(i) - fixed - {EVERYTHING})
+    reads = {i: deep_reads(i) for i in code}
+    # what a cell binds, and what it may change in place: the objects it reads by name
+    # (reading the whole namespace changes nothing by itself)
+    touches = {i: set(names[i].binds) | (reads[i] - fixed - {EVERYTHING}) for i in code}
 
     def spoils(reads: set[str], dirty: set[str]) -> bool:
         return EVERYTHING in reads or EVERYTHING in dirty or bool(reads & dirty)
@@ -308,18 +308,18 @@ def cells_to_rerun(sources: list[str | None], changed: set[int],
     run: set[int] = set()
     dirty: set[str] = set()
     for i in (i for i in code if i >= start):
-        if i in changed or spoils(deep_reads(i), dirty):
+        if i in changed or spoils(reads[i], dirty):
             run.add(i)
-            dirty |= touches(i)
+            dirty |= touches[i]
     # a cell that runs reads what skipped cells since `start` bound or changed: they run too
     # (the namespace put back is the one before `start`)
     grew = True
     while grew:
         grew = False
         for j in sorted(run):
-            reads = deep_reads(j)
             for i in (i for i in code if start <= i < j and i not in run):
-                if spoils(reads, set(names[i].binds)) or spoils(reads - fixed, touches(i)):
+                if (spoils(reads[j], set(names[i].binds))
+                        or spoils(reads[j] - fixed, touches[i])):
                     run.add(i)
                     grew = True
     return run

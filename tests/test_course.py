@@ -324,7 +324,12 @@ def writes_into_the_grader(name: str, variant: dict) -> bool:
     return bool(scan.scan([c.source for c in mine], context=[c.source for c in given]))
 
 
+def _code_sources(nb: nbformat.NotebookNode) -> list[str | None]:
+    return [c.source if c.cell_type == "code" else None for c in nb.cells]
+
+
 def changed_cells(name: str, variant: dict) -> set[int]:
+    """Indices of the cells `variant` replaces in `name`'s solution notebook."""
     ids = [c.metadata.get("nbgrader", {}).get("grade_id") for c in source_notebook(name).cells]
     return {ids.index(cell) for cell in variant["replace"]}
 
@@ -495,9 +500,8 @@ async def _grade_in_one_kernel(name: str) -> dict[str, KernelGrade]:
     client = _StepClient(copy.deepcopy(nb), timeout=600, kernel_name="python3", allow_errors=True,
                          resources={"metadata": {"path": str(ROOT / "solutions" / name)}},
                          **_sandboxed())
-    ids = [c.metadata.get("nbgrader", {}).get("grade_id") for c in nb.cells]
     todo = [variants(name)[i] for i in in_one_kernel(name)]
-    first = {v["name"]: min(ids.index(cell) for cell in v["replace"]) for v in todo}
+    first = {v["name"]: min(changed_cells(name, v)) for v in todo}
 
     async def plumbing(code: str, index: int) -> str:
         step = nbformat.v4.new_code_cell(code)
@@ -569,10 +573,6 @@ async def _grade_in_one_kernel(name: str) -> dict[str, KernelGrade]:
                 "ran": sorted(only), "fell back": grade is not skipping,
                 "skipping lost": sorted(skipping.failed) if grade is not skipping else None}
     return results
-
-
-def _code_sources(nb: nbformat.NotebookNode) -> list[str | None]:
-    return [c.source if c.cell_type == "code" else None for c in nb.cells]
 
 
 @pytest.fixture(scope="module")
