@@ -4,8 +4,11 @@ tests/test_course.py re-runs after a variant's cells, instead of the whole rest 
 A static reading of each cell's names, conservative where it can be: a cell re-runs when it
 reads a name that a re-run cell bound or may have changed (any name a re-run cell reads may
 have been mutated, unless it is only ever bound by import, def or class); reading a function
-reads the names its body reads. A cell that reaches the whole namespace (globals(), exec,
-eval, vars, `global`, the shell's user_ns) re-runs always and spoils every name. Skipped cells
+reads the names its body reads; a loop's target, a `with`'s name and an `except`'s name are
+bound where their block reads them. A cell that reaches the whole namespace (globals(), exec,
+eval, vars, `global`, the shell's user_ns), itself or through a function it calls, re-runs
+always, and one that may write it spoils every name, unless the function is a swap that puts
+back what it replaced (the caller names those). Skipped cells
 are assumed to do again what they did in the solution's run; a cell that must re-run and reads
 a name a skipped cell between bound or changed makes that cell run too.
 
@@ -20,11 +23,13 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import symtable
 
 from IPython.core.inputtransformer2 import TransformerManager
 
 EVERYTHING = "*"   # a read or a bind of the whole namespace
+WRITES = "*="      # in a function's reads: when called, it may bind any name
 _WHOLE_NAMESPACE = {"globals", "vars", "locals", "eval", "exec", "__import__", "user_ns",
                     "user_global_ns"}
 _WHOLE_NAMESPACE_MAGICS = {"run", "store", "reset", "who", "whos", "load", "macro"}
@@ -101,24 +106,72 @@ def _loads_now(node: ast.AST) -> set[str]:
     return set().union(*(_loads_now(c) for c in ast.iter_child_nodes(node)))
 
 
+def _stored(target: ast.AST) -> set[str]:
+    """The plain names an assignment target binds: `a`, `a, (b, *c)`; not `a.x` or `a[i]`."""
+    if isinstance(target, ast.Name):
+        return {target.id}
+    if isinstance(target, ast.Starred):
+        return _stored(target.value)
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return set().union(*(_stored(t) for t in target.elts))
+    return set()
+
+
+def _reads_in_block(body: list[ast.stmt], bound: set[str]) -> tuple[set[str], set[str]]:
+    """(names the statements read before they bind them, names bound once they all ran).
+    A loop's target is bound in its body; names bound in one branch of an if, a loop's body or
+    a try count as bound inside it only, since the branch may not run (a name bound in both
+    branches of an if is bound after it)."""
+    reads: set[str] = set()
+    bound = set(bound)
+    for stmt in body:
+        if isinstance(stmt, (ast.For, ast.AsyncFor)):
+            reads |= (_loads_now(stmt.iter) | _loads_now(stmt.target)) - bound
+            reads |= _reads_in_block(stmt.body, bound | _stored(stmt.target))[0]
+            reads |= _reads_in_block(stmt.orelse, bound)[0]
+        elif isinstance(stmt, ast.While):
+            reads |= _loads_now(stmt.test) - bound
+            reads |= _reads_in_block(stmt.body, bound)[0] | _reads_in_block(stmt.orelse, bound)[0]
+        elif isinstance(stmt, ast.If):
+            reads |= _loads_now(stmt.test) - bound
+            then, then_bound = _reads_in_block(stmt.body, bound)
+            other, other_bound = _reads_in_block(stmt.orelse, bound)
+            reads |= then | other
+            bound |= then_bound & other_bound
+        elif isinstance(stmt, (ast.With, ast.AsyncWith)):
+            inner = set(bound)
+            for item in stmt.items:
+                reads |= _loads_now(item.context_expr) - inner
+                if item.optional_vars is not None:
+                    reads |= _loads_now(item.optional_vars) - inner
+                    inner |= _stored(item.optional_vars)
+            reads |= _reads_in_block(stmt.body, inner)[0]   # a context may swallow an error
+            bound = inner
+        elif isinstance(stmt, ast.Try):
+            tried, tried_bound = _reads_in_block(stmt.body, bound)
+            reads |= tried | _reads_in_block(stmt.orelse, tried_bound)[0]
+            for handler in stmt.handlers:
+                caught = {handler.name} if handler.name else set()
+                if handler.type is not None:
+                    reads |= _loads_now(handler.type) - bound
+                reads |= _reads_in_block(handler.body, bound | caught)[0]
+            reads |= _reads_in_block(stmt.finalbody, bound)[0]
+        else:
+            reads |= _loads_now(stmt) - bound
+            if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None:
+                sides = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+                bound |= set().union(*(_stored(side) for side in sides))
+            elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                bound.add(stmt.name)
+            elif isinstance(stmt, (ast.Import, ast.ImportFrom)):
+                bound |= {(a.asname or a.name).split(".")[0] for a in stmt.names}
+    return reads, bound
+
+
 def _reads_in_order(tree: ast.Module) -> set[str]:
     """Names the cell reads before binding them itself: `res = f(); g(res)` does not read the
-    res of an earlier cell. Only a plain assignment, def, class or import at the top level
-    counts as binding; under if/for/try a name may stay unbound."""
-    reads: set[str] = set()
-    bound: set[str] = set()
-    for stmt in tree.body:
-        reads |= _loads_now(stmt) - bound
-        if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None:
-            sides = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
-            bound |= {t.id for side in sides for t in ([side] if isinstance(side, ast.Name)
-                      else side.elts if isinstance(side, (ast.Tuple, ast.List)) else [])
-                      if isinstance(t, ast.Name)}
-        elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            bound.add(stmt.name)
-        elif isinstance(stmt, (ast.Import, ast.ImportFrom)):
-            bound |= {(a.asname or a.name).split(".")[0] for a in stmt.names}
-    return reads
+    res of an earlier cell, nor `for tp in (2, 4): check(tp)` the tp of one."""
+    return _reads_in_block(tree.body, set())[0]
 
 
 def _scopes_named(table: symtable.SymbolTable, name: str) -> list[symtable.SymbolTable]:
@@ -213,6 +266,7 @@ def _top_level_binds(tree: ast.Module) -> tuple[set[str], set[str]]:
     return binds, binds - plain
 
 
+@functools.cache   # every variant of a notebook shares most of its cells
 def cell_names(source: str) -> CellNames:
     reads: set[str] = set()
     binds: set[str] = set()
@@ -245,14 +299,16 @@ def cell_names(source: str) -> CellNames:
             else:
                 continue
             used = set().union(*(_global_reads(c) for c in scopes))
+            if _namespace_writes(node if not isinstance(node, (ast.Assign, ast.AnnAssign))
+                                 else node.value):
+                used.add(WRITES)
             for name in targets:
                 inside[name] = inside.get(name, frozenset()) | frozenset(used)
         # a function this cell defines and then calls (or hands to dl.launch) reads what its
-        # body reads, although the ordered reading sees the name bound first
-        loaded = {n.id for n in ast.walk(tree)
-                  if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-        for name in loaded & set(inside):
-            reads |= inside[name]
+        # body reads (cells_to_rerun follows the name), although the ordered reading sees the
+        # name bound first
+        reads |= set(inside) & {n.id for n in ast.walk(tree)
+                                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
     if reads & _WHOLE_NAMESPACE:   # now; a function's body that does it does so when called
         trees = [ast.parse(code) for code in codes]
         if any(_namespace_writes(tree) for tree in trees):
@@ -269,11 +325,15 @@ def cell_names(source: str) -> CellNames:
 
 
 def cells_to_rerun(sources: list[str | None], changed: set[int],
-                   immutable: frozenset[str] = frozenset()) -> set[int]:
+                   immutable: frozenset[str] = frozenset(),
+                   swaps: frozenset[str] = frozenset()) -> set[int]:
     """Indices of the code cells after the first changed one that a run with `changed` cells
     replaced must execute (the changed ones included); None marks a cell that is not code.
     `immutable`: names whose values no cell can change in place (ints, strings, modules, as
-    the solution's kernel holds them)."""
+    the solution's kernel holds them). `swaps`: functions that use the namespace only to put
+    other values under names their caller gives while a block runs, and put the old ones back
+    (a notebook's "the library's pieces stand in for yours"): calling one reaches no name
+    through the namespace."""
     start = min(changed)
     names = [cell_names(s) if s is not None else None for s in sources]
     code = [i for i, n in enumerate(names) if n is not None]
@@ -282,11 +342,14 @@ def cells_to_rerun(sources: list[str | None], changed: set[int],
     bound = {b for n in names if n for b in n.binds}
     rebound = {b for n in names if n for b in n.binds - n.definitions}
     fixed = ({d for n in names if n for d in n.definitions} - rebound) | set(immutable)
-    fixed |= {r for n in names if n for r in n.reads} - bound - {EVERYTHING}
     bodies: dict[str, set[str]] = {}
     for n in names:
         for name, inner in (n.inside.items() if n else ()):
             bodies.setdefault(name, set()).update(inner)
+    for name in swaps & set(bodies):
+        bodies[name] -= _WHOLE_NAMESPACE | {WRITES}
+    read_anywhere = {r for n in names if n for r in n.reads}.union(*bodies.values())
+    fixed |= read_anywhere - bound - {EVERYTHING, WRITES}
 
     def deep_reads(i: int) -> set[str]:
         out, todo = set(), list(names[i].reads)
@@ -295,12 +358,13 @@ def cells_to_rerun(sources: list[str | None], changed: set[int],
             if name not in out:
                 out.add(name)
                 todo.extend(bodies.get(name, ()))
-        return out | ({EVERYTHING} if out & _WHOLE_NAMESPACE else set())
+        return out | ({EVERYTHING} if out & (_WHOLE_NAMESPACE | {WRITES}) else set())
 
     reads = {i: deep_reads(i) for i in code}
     # what a cell binds, and what it may change in place: the objects it reads by name
     # (reading the whole namespace changes nothing by itself)
-    touches = {i: set(names[i].binds) | (reads[i] - fixed - {EVERYTHING}) for i in code}
+    touches = {i: set(names[i].binds) | (reads[i] - fixed - {EVERYTHING, WRITES})
+               | ({EVERYTHING} if WRITES in reads[i] else set()) for i in code}
 
     def spoils(reads: set[str], dirty: set[str]) -> bool:
         return EVERYTHING in reads or EVERYTHING in dirty or bool(reads & dirty)

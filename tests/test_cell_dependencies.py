@@ -65,5 +65,37 @@ def test_a_function_defined_and_launched_in_one_cell_reads_what_its_body_reads()
     cells = ["def answer():\n    return 1",
              "def check():\n    assert answer() == 1\n\ndl.launch(check, world_size=2)",
              "other = 2"]
-    assert "answer" in cell_names(cells[1]).reads
+    names = cell_names(cells[1])
+    assert "check" in names.reads and "answer" in names.inside["check"]
     assert cells_to_rerun(cells, {0}) == {0, 1}
+
+
+def test_names_a_block_binds_before_reading_them_are_not_read_from_earlier_cells():
+    names = cell_names("for tp, (seed, *rest) in ((2, (0,)),):\n    check(tp, seed, rest)\n"
+                       "with open(p) as f:\n    text = f.read()\n"
+                       "try:\n    v = go()\nexcept E as err:\n    show(err)\nelse:\n    use(v)\n"
+                       "if a:\n    both = 1\n    one = 1\nelse:\n    both = 2\n"
+                       "print(both, one, tp)")
+    assert {"seed", "rest", "f", "err", "v", "both"}.isdisjoint(names.reads)
+    assert "tp" not in cell_names("for tp in (2, 4):\n    check(tp)").reads
+    # after the loop (it may not have run) and after one branch only, the earlier values
+    assert {"check", "p", "go", "E", "show", "use", "a", "one", "tp"} <= names.reads
+    assert "tp" in cell_names("for tp in range(n):\n    pass\nprint(tp)").reads
+    assert "x" in cell_names("for i in (1,):\n    print(x)\n    x = i").reads
+
+
+def test_a_called_function_that_writes_the_namespace_spoils_every_later_cell():
+    cells = ["x = 1",
+             "def put(**values):\n    globals().update(values)",
+             "def swap(**values):\n    saved = dict(globals())\n    globals().update(values)\n"
+             "    try:\n        yield\n    finally:\n        globals().update(saved)",
+             "y = 2",
+             "put(z=3)",
+             "w = 4",
+             "print(w)"]
+    assert "*=" in cell_names(cells[1]).inside["put"]
+    assert cells_to_rerun(cells, {3}) == {3, 4, 5, 6}
+    # a swap that puts back what it replaced, declared as one: reaches nothing
+    cells[4] = "with swap(z=3):\n    pass"
+    assert cells_to_rerun(cells, {3}) == {3, 4, 5, 6}
+    assert cells_to_rerun(cells, {3}, swaps=frozenset({"swap"})) == {3}

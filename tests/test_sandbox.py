@@ -130,7 +130,9 @@ def test_a_kernel_runs_in_the_sandbox_and_a_cell_can_be_interrupted(tmp_path):
         "def f():\n    t = torch.ones(1) * dist.get_rank()\n    dist.all_reduce(t)\n"
         "    return t.item()\nprint(dl.launch(f, world_size=2, timeout=60).values)",
         "import time\ntime.sleep(60)", "print('still here')")]
-    NotebookClient(nb, timeout=30, kernel_manager_class=SandboxedKernelManager,
+    # the sleeping cell alone gets a short limit: the others start torch and two ranks
+    NotebookClient(nb, timeout_func=lambda cell: 3 if "sleep(60)" in cell.source else 120,
+                   kernel_manager_class=SandboxedKernelManager,
                    allow_errors=True, interrupt_on_timeout=True, startup_timeout=120,
                    resources={"metadata": {"path": str(tmp_path)}}).execute()
     texts = ["".join(o.get("text", "") for o in c.outputs) for c in nb.cells]
