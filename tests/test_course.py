@@ -46,14 +46,11 @@ def test_there_are_assignments():
 # -- the instructor notebooks -----------------------------------------------------------------
 
 
-def _under_the_audit(nb: nbformat.NotebookNode, name: str, env: dict[str, str],
-                     allow_errors: bool = False) -> nbformat.NotebookNode:
-    """nb run in a fresh kernel under the device audit: every launch runs as if each rank had
-    a GPU, so a tensor of the notebook's on the wrong device under nccl fails here."""
-    NotebookClient(nb, timeout=600, kernel_name="python3", allow_errors=allow_errors,
-                   resources={"metadata": {"path": str(ROOT / "solutions" / name)}}).execute(
-        env={**env, "DPMP_LAB_DEVICE_AUDIT": "1"})
-    return nb
+# The device audit (every launch runs as if each rank had a GPU, so a tensor of the notebook's on
+# the wrong device under nccl fails) is on in nbgrader's grading of the solution and of the
+# device mistakes below: they are its students "solution" and "solution_device_<cell>", graded
+# together with DPMP_LAB_DEVICE_AUDIT=1 (the plain run on the CPU is the one-kernel grading's).
+AUDITED = "solution*"
 
 
 def device_mistakes(name: str) -> dict[str, nbformat.NotebookNode]:
@@ -64,24 +61,20 @@ def device_mistakes(name: str) -> dict[str, nbformat.NotebookNode]:
             for mistake_of, cell, _, edit, _ in DEVICE_MISTAKES if mistake_of == name}
 
 
-def _audit_job(name: str, mistakes: dict[str, nbformat.NotebookNode],
-               env: dict[str, str]) -> dict[str, dict[str, str]]:
-    """The solution under the audit, then each device mistake: {"(solution)" or the mistake's
-    cell: {grade_id: error text}}. Run by the grading fixture beside the other kernels."""
-    _under_the_audit(source_notebook(name), name, env)   # raises at a failing cell
-    out: dict[str, dict[str, str]] = {"(solution)": {}}
-    for cell, nb in mistakes.items():
-        _under_the_audit(nb, name, env, allow_errors=True)
-        out[cell] = {c.metadata["nbgrader"]["grade_id"]: "\n".join(o.traceback)
-                     for c in nb.cells if c.cell_type == "code"
-                     for o in c.outputs if o.output_type == "error"}
-    return out
+def _errors_in(path: Path) -> dict[str, str]:
+    """{grade_id: error text} of the cells of a graded notebook that raised."""
+    nb = nbformat.read(path, as_version=4)
+    return {c.metadata["nbgrader"]["grade_id"]: "\n".join(o.get("traceback", []))
+            for c in nb.cells if c.cell_type == "code"
+            for o in c.outputs if o.output_type == "error"}
 
 
 @pytest.mark.parametrize("name", ASSIGNMENTS)
 def test_solution_notebook_runs_with_every_hidden_test_passing(graded, name):
-    """Under the device audit (the plain run on the CPU is the nbgrader round trip below)."""
-    assert kernel_result(graded, "audit", name)["(solution)"] == {}
+    """Under the device audit, graded by nbgrader (AUDITED)."""
+    cells = scores_of(graded, name, "solution")
+    assert cells and all(score == top for score, top in cells.values()), cells
+    assert graded["audit"][name]["(solution)"] == {}
 
 
 @pytest.mark.parametrize("name", ASSIGNMENTS)
@@ -121,7 +114,8 @@ def test_a_device_mistake_fails_its_test_cell_under_the_audit(graded, name, cell
                                                               edit, message):
     if name not in ASSIGNMENTS:
         pytest.skip(f"{name} is not among DPMP_LAB_ASSIGNMENTS")
-    failed = kernel_result(graded, "audit", name)[cell]
+    scores_of(graded, name, "solution")   # fails clearly if that round trip failed
+    failed = graded["audit"][name][cell]
     assert test_cell in failed, f"{test_cell} passed: {sorted(failed)}"
     assert "device audit: " + message in failed[test_cell]
     assert "dl.device()" in failed[test_cell] and "cell, line" in failed[test_cell]
@@ -395,8 +389,9 @@ def _submit(root: Path, student: str, name: str, nb: nbformat.NotebookNode) -> N
 
 
 def _round_trip(root: Path, name: str) -> dict:
-    """Release, submit (solution, blank release, the variants of by_nbgrader), autograde,
-    feedback: in a scratch course of its own, so that one assignment's trouble stays its own."""
+    """Release, submit (solution and device mistakes, blank release, the variants of
+    by_nbgrader), autograde (AUDITED under the device audit), feedback: in a scratch course of
+    its own, so that one assignment's trouble stays its own."""
     from nbgrader.api import Gradebook
 
     root.mkdir()
@@ -405,11 +400,15 @@ def _round_trip(root: Path, name: str) -> dict:
     course.release([name], root=root)
     released = nbformat.read(root / "course" / name / f"{name}.ipynb", as_version=4)
     _submit(root, "solution", name, source_notebook(name))
+    for cell, nb in device_mistakes(name).items():
+        _submit(root, f"solution_device_{cell}", name, nb)
     _submit(root, "release", name, released)
     for i in by_nbgrader(name):
         _submit(root, f"variant{i:02d}", name,
                 with_replacements(source_notebook(name), variants(name)[i]["replace"]))
-    course.nbgrader("autograde", name, "--create", root=root, capture=True)
+    course.nbgrader("autograde", name, "--create", "--student", AUDITED, root=root,
+                    capture=True, env={"DPMP_LAB_DEVICE_AUDIT": "1"})
+    course.nbgrader("autograde", name, "--create", root=root, capture=True)   # the others
     course.nbgrader("generate_feedback", name, "--force", root=root, capture=True)
     scores = {}
     with Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gb:
@@ -632,21 +631,16 @@ def graded(tmp_path_factory) -> dict:
                 return _round_trip(base / rest[0], name)
             if kind == "kernel":
                 return asyncio.run(_grade_in_one_kernel(name))
-            if kind == "audit":
-                return _audit_job(name, copy.deepcopy(mistakes[name]), plain_env)
             return _learner_view_failures(name, rest[0], plain_env)
         except Exception as exc:   # reported by that assignment's tests, not by all of them
             return exc
 
-    mistakes = {}
     for name in ASSIGNMENTS:   # parse the variants here: ast.parse in several threads at once
         by_nbgrader(name)      # can fail on CPython 3.11 ("AST constructor recursion depth
         in_one_kernel(name)    # mismatch"), and these are cached for the jobs
-        mistakes[name] = device_mistakes(name)
     jobs = ([("kernel", n) for n in sorted(ASSIGNMENTS, key=lambda n: -len(variants(n)))]
             + [("nbgrader", n, n) for n in ASSIGNMENTS]
-            + [("learner", n, v) for n, v in learner_view_sample()]
-            + [("audit", n) for n in ASSIGNMENTS])
+            + [("learner", n, v) for n, v in learner_view_sample()])
     # a learner's kernel and the audit's: no GRADING, whatever the one-kernel runs set
     plain_env = {k: v for k, v in os.environ.items() if k != "NBGRADER_EXECUTION"}
     before = os.environ.get("NBGRADER_EXECUTION")
@@ -668,7 +662,7 @@ def graded(tmp_path_factory) -> dict:
     # A job that failed among others runs once more alone: a failure that only happens under
     # load is then reported as a warning with its first error, never hidden.
     out["roots"] = {name: base / name for name in ASSIGNMENTS}
-    for kind in ("nbgrader", "kernel", "audit"):
+    for kind in ("nbgrader", "kernel"):
         for name in [n for n, r in out[kind].items() if isinstance(r, Exception)]:
             first = out[kind][name]
             if kind == "nbgrader":
@@ -679,6 +673,13 @@ def graded(tmp_path_factory) -> dict:
             if not isinstance(out[kind][name], Exception):
                 warnings.warn(f"{kind} grading of {name} failed side by side and passed "
                               f"alone: {first}", stacklevel=1)
+    for name, root in out["roots"].items():   # what the audited grading's cells raised
+        if not isinstance(out["nbgrader"][name], Exception):
+            students = {"(solution)": "solution", **{cell: f"solution_device_{cell}"
+                                                     for cell in device_mistakes(name)}}
+            out["audit"][name] = {key: _errors_in(root / "autograded" / student / name
+                                                  / f"{name}.ipynb")
+                                  for key, student in students.items()}
     # how much the one-kernel runs skipped, for whoever looks at where the time goes
     (base / "skipping.json").write_text(json.dumps(
         {n: r["(skipping)"] for n, r in out["kernel"].items() if isinstance(r, dict)}, indent=1))
@@ -695,11 +696,11 @@ def scores_of(graded: dict, name: str, student: str) -> dict:
 
 
 def kernel_result(graded: dict, kind: str, name: str) -> dict:
-    """What the fixture's `kind` job ("kernel": the one-kernel grading, "audit": the runs under
-    the device audit) found for `name`, or the test's failure with that job's error."""
+    """What the fixture's `kind` job ("kernel": the one-kernel grading) found for `name`, or
+    the test's failure with that job's error."""
     result = graded[kind][name]
     if isinstance(result, Exception):
-        what = {"kernel": "grading in one kernel", "audit": "running under the device audit"}
+        what = {"kernel": "grading in one kernel"}
         pytest.fail(f"{what[kind]} of {name} failed: {result}")
     return result
 

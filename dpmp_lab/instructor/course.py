@@ -44,11 +44,13 @@ def assignments(root: Path | None = None) -> list[str]:
 
 
 def nbgrader(*args: str, root: Path | None = None, check: bool = True,
-             capture: bool = False) -> subprocess.CompletedProcess:
+             capture: bool = False, env: dict[str, str] | None = None
+             ) -> subprocess.CompletedProcess:
     """Run `nbgrader args...` in the course root with this Python's tools on PATH (nbgrader
-    calls helper programs such as alembic by name)."""
+    calls helper programs such as alembic by name); `env`: variables added for this run (a
+    kernel in the sandbox keeps DPMP_LAB_* ones, e.g. the device audit's)."""
     root = root or repo_root()
-    env = dict(os.environ)
+    env = {**os.environ, **(env or {})}
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     done = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=root, env=env,
                           text=True, capture_output=capture)
