@@ -16,7 +16,8 @@ What the cell sees in each rank:
     when the cell starts. Assignments in the cell stay in the ranks: they do not change the
     notebook's variables. Use `-o name` to keep the LaunchResult, or return values.
 Options: -n/--nproc, --backend, --timeout, --start-method, -o/--out, --trace, which
-shows a table of every rank's communication under the cell, and --device-audit (audit.py).
+shows a table of every rank's communication under the cell, --device-audit (audit.py), and
+--debug (torch's TORCH_DISTRIBUTED_DEBUG=DETAIL checks).
 """
 
 from __future__ import annotations
@@ -78,6 +79,9 @@ def register(ipython: Any) -> None:
     @argument("--trace", action="store_true", help="show each rank's communication")
     @argument("--device-audit", action="store_true",
               help="run on the CPU as if each rank had a GPU; fail where data is misplaced")
+    @argument("--debug", action="store_true",
+              help="torch's checks (TORCH_DISTRIBUTED_DEBUG=DETAIL): a mismatched collective "
+                   "fails at once, naming each rank's op and shapes")
     @argument("-o", "--out", default=None, help="store the LaunchResult in this variable")
     def distributed(line: str, cell: str):
         """Run this cell on N ranks, each with an initialised process group."""
@@ -104,7 +108,7 @@ def register(ipython: Any) -> None:
         res = launch(run_cell, source, filename, names, world_size=opts.nproc,
                      backend=opts.backend, timeout=opts.timeout,
                      start_method=opts.start_method, trace=opts.trace,
-                     device_audit=True if opts.device_audit else None)
+                     device_audit=True if opts.device_audit else None, debug=opts.debug)
         if opts.out:
             user_ns[opts.out] = res
         if opts.trace:

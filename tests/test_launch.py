@@ -547,6 +547,40 @@ def test_process_group_timeout_is_reported_as_a_hang():
     assert "process-group timeout" in f.message and "all_reduce" in f.traceback
 
 
+def mismatched_collective():
+    t = torch.ones(4 if dist.get_rank() == 0 else 3)
+    if dist.get_rank() == 0:
+        dist.all_reduce(t)
+    else:
+        dist.broadcast(t, src=0)
+
+
+def debug_level() -> str:
+    return dist.get_debug_level().name
+
+
+def test_debug_makes_a_mismatched_collective_fail_at_once_naming_both_ranks(monkeypatch):
+    monkeypatch.delenv("TORCH_DISTRIBUTED_DEBUG", raising=False)
+    # without debug this waits out the 30 s process-group timeout (test above): a LaunchError
+    # that is no timeout is torch's check, made before the collective ran
+    with pytest.raises(dl.LaunchError) as info:
+        dl.launch(mismatched_collective, world_size=2, timeout=60, pg_timeout=30, debug=True,
+                  stream=False)
+    assert not isinstance(info.value, dl.LaunchTimeout)
+    assert sorted(info.value.failures) == [0, 1]
+    text = str(info.value)
+    for words in ("Rank 0", "Rank 1", "ALLREDUCE", "BROADCAST", "TensorShape=[4]",
+                  "TensorShape=[3]"):
+        assert words in text, words
+    assert dl.launch(debug_level, world_size=2, debug=True).values == ["DETAIL"] * 2
+    # torch reads the variable at import, long before a rank exists: each rank reads it again
+    assert dl.launch(debug_level, world_size=2,
+                     env={"TORCH_DISTRIBUTED_DEBUG": "INFO"}).values == ["INFO"] * 2
+    assert dl.launch(debug_level, world_size=2).values == ["OFF"] * 2   # nothing left behind
+    with pytest.raises(TypeError, match="debug"):
+        dl.launch(debug_level, world_size=2, debug="yes")
+
+
 def both_send_first():
     other = 1 - dist.get_rank()
     dist.send(torch.ones(2), dst=other)      # gloo: waits for a recv the other never posts

@@ -70,3 +70,10 @@ def test_a_rank_that_raises_is_a_launch_error_naming_it(warm, shell):
         run(shell, "-n 2 --timeout 20", body)
     assert "rank 1 raised AssertionError: only rank 0 may pass" in str(info.value)
     assert "rank 0 raised" not in str(info.value)
+
+
+def test_debug_turns_on_torchs_checks_in_the_ranks(warm, shell, monkeypatch):
+    monkeypatch.delenv("TORCH_DISTRIBUTED_DEBUG", raising=False)
+    body = "import torch.distributed as dist\ndist.get_debug_level().name"
+    assert run(shell, "-n 2 --debug", body) == ["DETAIL", "DETAIL"]
+    assert run(shell, "-n 2", body) == ["OFF", "OFF"]

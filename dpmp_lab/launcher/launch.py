@@ -47,14 +47,15 @@ from dpmp_lab.launcher.starting import PRELOAD, START_METHODS, WARM_ENV, importi
 from dpmp_lab.launcher.supervisor import Request, Supervisor
 
 __all__ = [  # the launcher's public names, wherever they are defined
-    "AUDIT_ENV", "BACKENDS", "LOG_ENV", "PRELOAD", "START_METHODS", "WARM_ENV", "LaunchError",
-    "LaunchResult", "LaunchTimeout", "RankFailure", "UnguardedLaunch", "audit_requested",
-    "backends_of", "launch", "usable_cores", "visible_gpus", "warm_up",
+    "AUDIT_ENV", "BACKENDS", "DEBUG_ENV", "LOG_ENV", "PRELOAD", "START_METHODS", "WARM_ENV",
+    "LaunchError", "LaunchResult", "LaunchTimeout", "RankFailure", "UnguardedLaunch",
+    "audit_requested", "backends_of", "launch", "usable_cores", "visible_gpus", "warm_up",
 ]
 
 BACKENDS = ("auto", "gloo", "nccl")
 LOG_ENV = "DPMP_LAB_LAUNCH_LOG"
 AUDIT_ENV = "DPMP_LAB_DEVICE_AUDIT"
+DEBUG_ENV = "TORCH_DISTRIBUTED_DEBUG"   # torch's: OFF, INFO or DETAIL
 
 
 @dataclass
@@ -123,6 +124,7 @@ def launch(
     progress: bool | None = None,
     device_audit: bool | None = None,
     max_result_bytes: int = MAX_RESULT_BYTES,
+    debug: bool = False,
     **kwargs: Any,
 ) -> LaunchResult:
     """Run `fn(*args, **kwargs)` on `world_size` ranks, each in its own process with the default
@@ -135,7 +137,8 @@ def launch(
     start_method: "forkserver" (default: torch preloaded, ~0.1 s a launch), "fork", "spawn".
     trace:        record every collective and p2p op each rank issues inside fn; one
                   dl.Trace per rank comes back in `res.traces`.
-    env:          extra environment variables for the ranks.
+    env:          extra environment variables for the ranks (TORCH_DISTRIBUTED_DEBUG among
+                  them takes effect: each rank reads it again before its process group starts).
     threads:      torch threads per rank (default: cores // world_size, at least 1).
     stream:       print every rank's output live, prefixed "[rank r]".
     progress:     show each rank's state (starting, running, done, failed) under the cell
@@ -146,6 +149,10 @@ def launch(
                   environment has DPMP_LAB_DEVICE_AUDIT=1.
     max_result_bytes: the most one rank may return, pickled (default 256 MiB): past it the rank
                   fails with its result's size, and the notebook never reads it.
+    debug:        torch's own checks in the ranks (TORCH_DISTRIBUTED_DEBUG=DETAIL): before each
+                  collective the ranks compare op, shapes and dtypes, so one that ranks call
+                  differently fails at once, naming both ranks' ops and shapes, instead of
+                  hanging until the process-group timeout. Each collective costs more.
     """
     if importing_main():
         # This process is a rank being started, and multiprocessing is importing the main
@@ -157,7 +164,7 @@ def launch(
     if integrity.grading():   # a hidden test is about to launch: is the grader intact?
         integrity.verify()
     request = _check_request(fn, world_size, backend, timeout, start_method, env, threads,
-                             pg_timeout, device_audit, max_result_bytes)
+                             pg_timeout, device_audit, max_result_bytes, debug)
     payload = _pickle_payload(fn, args, kwargs)
     outcome = "failed"
     try:
@@ -233,7 +240,8 @@ def usable_cores() -> int:
 
 
 def _check_request(fn, world_size, backend, timeout, start_method, env, threads,
-                   pg_timeout, device_audit=None, max_result_bytes=MAX_RESULT_BYTES) -> Request:
+                   pg_timeout, device_audit=None, max_result_bytes=MAX_RESULT_BYTES,
+                   debug=False) -> Request:
     if not callable(fn):
         raise TypeError(f"launch() needs a function to run on every rank, got {type(fn).__name__}")
     whole_number("world_size", world_size)
@@ -252,6 +260,10 @@ def _check_request(fn, world_size, backend, timeout, start_method, env, threads,
     for key, value in env.items():
         if not isinstance(key, str) or not isinstance(value, str):
             raise TypeError(f"env must map str to str, got {key!r}: {value!r}")
+    if not isinstance(debug, bool):
+        raise TypeError(f"debug must be True or False, got {debug!r}")
+    if debug:
+        env[DEBUG_ENV] = "DETAIL"
     if not dist.is_available():
         raise RuntimeError("this torch build has no torch.distributed support")
     if dist.is_initialized():

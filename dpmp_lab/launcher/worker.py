@@ -187,6 +187,9 @@ def _apply_caller_state(spec: RankSpec) -> None:
         pass
     linecache.cache.update(spec.source_lines)
     torch.set_num_threads(spec.threads)
+    # torch reads TORCH_DISTRIBUTED_DEBUG when torch.distributed is imported, long before this
+    # rank existed (the forkserver preloads torch): read it again from the caller's environment
+    dist.set_debug_level_from_env()
 
 
 def _load_payload(spec: RankSpec) -> tuple[Any, tuple, dict]:
