@@ -83,7 +83,7 @@ def release(names: list[str] | None = None, *, root: Path | None = None,
 # start it. Never solutions/ (the hidden tests), tests/ (wrong answers and their fixes), the
 # gradebook, submissions or the instructor's nbgrader_config.py.
 LEARNER_FILES = ("course", "dpmp_lab", "bootstrap.py", "pyproject.toml", "constraints.txt",
-                 "environment.yml", "README.md")
+                 "environment.yml", "README.md", "LICENSE")
 NOT_COPIED = shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints", "*.egg-info")
 
 
