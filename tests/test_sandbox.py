@@ -41,6 +41,31 @@ def _inside(tmp_path: Path, code: str, env: dict | None = None) -> dict:
 
 
 @needs_sandbox
+def test_a_python_under_tmp_is_seen_inside_over_the_private_tmp(tmp_path, monkeypatch):
+    """A checkout (and its venv) in /tmp: the job's own /tmp must not hide it."""
+    venv = tmp_path / "checkout" / ".venv"
+    venv.mkdir(parents=True)
+    (venv / "marker").write_text("the interpreter's files")
+    (tmp_path / "checkout" / "solutions").mkdir()
+    paths = sandbox.python_paths
+    monkeypatch.setattr(sandbox, "python_paths", lambda hidden=(): [*paths(hidden), venv])
+    seen = _inside(tmp_path, f"""
+        import json, os
+        out = {{"marker": open({str(venv / "marker")!r}).read(),
+                "solutions": os.path.exists({str(tmp_path / "checkout" / "solutions")!r})}}
+        try:
+            open({str(venv / "x")!r}, "w")
+            out["write"] = "written"
+        except OSError as exc:
+            out["write"] = exc.strerror
+        open("/tmp/mine", "w").write("x")
+        print(json.dumps(out))""")
+    assert seen == {"marker": "the interpreter's files", "solutions": False,
+                    "write": "Read-only file system"}
+    assert (tmp_path / "tmp" / "mine").exists()   # /tmp is still the job's own
+
+
+@needs_sandbox
 def test_inside_the_system_is_read_only_and_the_course_is_not_there(tmp_path):
     seen = _inside(tmp_path, f"""
         import json, os, socket
