@@ -609,9 +609,9 @@ async def _grade_in_one_kernel(name: str) -> dict[str, KernelGrade]:
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory) -> dict:
     """nbgrader's scores per (assignment, student, graded cell) after a real round trip, the
-    one-kernel grades of every variant, the learner-view sample and the runs under the device
-    audit: GRADE_JOBS jobs at once
-    (grading waits on kernels and rank processes starting far more than it computes)."""
+    one-kernel grades of every variant and the learner-view sample, GRADE_JOBS jobs at once
+    (grading waits on kernels and rank processes starting far more than it computes); and what
+    the cells nbgrader graded under the device audit raised."""
     base = tmp_path_factory.mktemp("courses")
 
     seconds: list[tuple[str, str, float, float]] = []   # (kind, name, start, duration)
@@ -676,7 +676,8 @@ def graded(tmp_path_factory) -> dict:
     for name, root in out["roots"].items():   # what the audited grading's cells raised
         if not isinstance(out["nbgrader"][name], Exception):
             students = {"(solution)": "solution", **{cell: f"solution_device_{cell}"
-                                                     for cell in device_mistakes(name)}}
+                                                     for of, cell, *_ in DEVICE_MISTAKES
+                                                     if of == name}}
             out["audit"][name] = {key: _errors_in(root / "autograded" / student / name
                                                   / f"{name}.ipynb")
                                   for key, student in students.items()}
@@ -695,18 +696,12 @@ def scores_of(graded: dict, name: str, student: str) -> dict:
     return result[(name, student)]
 
 
-def kernel_result(graded: dict, kind: str, name: str) -> dict:
-    """What the fixture's `kind` job ("kernel": the one-kernel grading) found for `name`, or
-    the test's failure with that job's error."""
-    result = graded[kind][name]
-    if isinstance(result, Exception):
-        what = {"kernel": "grading in one kernel"}
-        pytest.fail(f"{what[kind]} of {name} failed: {result}")
-    return result
-
-
 def one_kernel_result(graded: dict, name: str) -> dict[str, KernelGrade]:
-    return kernel_result(graded, "kernel", name)
+    """What the one-kernel grading found for `name`, or the test's failure with its error."""
+    result = graded["kernel"][name]
+    if isinstance(result, Exception):
+        pytest.fail(f"grading {name} in one kernel failed: {result}")
+    return result
 
 
 @pytest.mark.parametrize("name", ASSIGNMENTS)

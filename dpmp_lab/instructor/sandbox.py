@@ -119,8 +119,7 @@ def argv(command: Sequence[str], *, rw: dict[Path, str], env: dict[str, str],
         args += ["--bind", str(outside), inside]
     # what runs the kernel, under a folder that is private inside (a checkout in /tmp, under
     # the job's own /tmp): bound again on top, or the kernel could not start
-    args += [a for path in python_paths(hidden)
-             if any(path.is_relative_to(inside) for inside in rw.values())
+    args += [a for path in ro if any(path.is_relative_to(inside) for inside in rw.values())
              for a in ("--ro-bind", str(path), str(path))]
     args += ["--remount-ro", "/", "--chdir", chdir, "--clearenv"]
     for key, value in sorted(env.items()):
