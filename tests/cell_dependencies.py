@@ -324,17 +324,24 @@ def cell_names(source: str) -> CellNames:
     return CellNames(frozenset(reads), frozenset(binds), inside, frozenset(definitions))
 
 
-def cells_to_rerun(sources: list[str | None], changed: set[int],
-                   immutable: frozenset[str] = frozenset(),
-                   swaps: frozenset[str] = frozenset()) -> set[int]:
-    """Indices of the code cells after the first changed one that a run with `changed` cells
-    replaced must execute (the changed ones included); None marks a cell that is not code.
-    `immutable`: names whose values no cell can change in place (ints, strings, modules, as
-    the solution's kernel holds them). `swaps`: functions that use the namespace only to put
-    other values under names their caller gives while a block runs, and put the old ones back
-    (a notebook's "the library's pieces stand in for yours"): calling one reaches no name
-    through the namespace."""
-    start = min(changed)
+@dataclasses.dataclass(frozen=True)
+class Reading:
+    """A notebook read cell by cell: what each code cell reads (through the functions it
+    calls) and binds, and the names no cell changes in place."""
+    code: list[int]                   # indices of the code cells
+    reads: dict[int, set[str]]        # EVERYTHING in it: the cell reaches the whole namespace
+    binds: dict[int, frozenset[str]]
+    touches: dict[int, set[str]]      # what it binds, and what it may change in place
+    fixed: set[str]
+
+
+def read_cells(sources: list[str | None], immutable: frozenset[str] = frozenset(),
+               swaps: frozenset[str] = frozenset()) -> Reading:
+    """`sources` read (None marks a cell that is not code). `immutable`: names whose values no
+    cell can change in place (ints, strings, modules, as the solution's kernel holds them).
+    `swaps`: functions that use the namespace only to put other values under names their
+    caller gives while a block runs, and put the old ones back (a notebook's "the library's
+    pieces stand in for yours"): calling one reaches no name through the namespace."""
     names = [cell_names(s) if s is not None else None for s in sources]
     code = [i for i, n in enumerate(names) if n is not None]
     # never changed in place by a cell that reads them: names only ever bound by import, def
@@ -361,14 +368,26 @@ def cells_to_rerun(sources: list[str | None], changed: set[int],
         return out | ({EVERYTHING} if out & (_WHOLE_NAMESPACE | {WRITES}) else set())
 
     reads = {i: deep_reads(i) for i in code}
-    # what a cell binds, and what it may change in place: the objects it reads by name
-    # (reading the whole namespace changes nothing by itself)
+    # reading the whole namespace changes nothing by itself
     touches = {i: set(names[i].binds) | (reads[i] - fixed - {EVERYTHING, WRITES})
                | ({EVERYTHING} if WRITES in reads[i] else set()) for i in code}
+    return Reading(code, reads, {i: names[i].binds for i in code}, touches, fixed)
 
-    def spoils(reads: set[str], dirty: set[str]) -> bool:
-        return EVERYTHING in reads or EVERYTHING in dirty or bool(reads & dirty)
 
+def spoils(reads: set[str], dirty: set[str]) -> bool:
+    """Whether a cell that reads `reads` must run again when `dirty` names may differ."""
+    return EVERYTHING in reads or EVERYTHING in dirty or bool(reads & dirty)
+
+
+def cells_to_rerun(sources: list[str | None], changed: set[int],
+                   immutable: frozenset[str] = frozenset(),
+                   swaps: frozenset[str] = frozenset()) -> set[int]:
+    """Indices of the code cells after the first changed one that a run with `changed` cells
+    replaced must execute (the changed ones included), read from the sources alone: any name
+    a re-run cell reads may have changed (read_cells for `immutable` and `swaps`)."""
+    start = min(changed)
+    reading = read_cells(sources, immutable, swaps)
+    code, reads, touches, fixed = reading.code, reading.reads, reading.touches, reading.fixed
     run: set[int] = set()
     dirty: set[str] = set()
     for i in (i for i in code if i >= start):
@@ -382,7 +401,7 @@ def cells_to_rerun(sources: list[str | None], changed: set[int],
         grew = False
         for j in sorted(run):
             for i in (i for i in code if start <= i < j and i not in run):
-                if (spoils(reads[j], set(names[i].binds))
+                if (spoils(reads[j], set(reading.binds[i]))
                         or spoils(reads[j] - fixed, touches[i])):
                     run.add(i)
                     grew = True

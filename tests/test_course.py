@@ -24,7 +24,7 @@ from nbclient import NotebookClient
 
 from dpmp_lab.instructor import course
 
-from .cell_dependencies import cells_to_rerun
+from .cell_dependencies import cells_to_rerun, read_cells, spoils
 from .conftest import ROOT, stray_processes
 from .notebook_sources import cells_by_kind, source_notebook, variants, with_replacements
 
@@ -303,10 +303,12 @@ def test_the_learner_sees_the_same_failure_without_the_hidden_tests(graded, name
 # notebook, which is graded both ways: both must give exactly `loses`. (One autograde is a
 # whole notebook run in a fresh sandbox: a sample of one per notebook shows the two ways agree,
 # more would only repeat it.)
-# After its changed cells a variant re-runs only the cells a change can reach
-# (tests/cell_dependencies.py), with the random state each saw in the solution's run; a result
-# other than the variant's `loses` is checked by re-running the whole rest of the notebook, and
-# the sample nbgrader grades is the variant that skips the most.
+# After its changed cells a variant re-runs only the cells that read a name whose value differs
+# from the solution's at that point (tests/checkpoints.py compares them after each cell it runs;
+# tests/cell_dependencies.py reads which names each cell reads), with the solution's values and
+# random state put back where it skipped; a result other than the variant's `loses` is checked by
+# re-running the whole rest of the notebook, and the sample nbgrader grades is the variant that
+# the sources alone say skips the most.
 
 
 def writes_into_the_grader(name: str, variant: dict) -> bool:
@@ -357,8 +359,8 @@ def test_the_namespace_swaps_are_the_notebooks_own_and_put_back_what_they_replac
 
 
 def _cells_skipped(name: str, variant: dict) -> int:
-    """How many code cells after its first change the one-kernel grading of `variant` skips
-    (reading the notebook alone: the kernel's immutable values make it skip more)."""
+    """How many code cells after its first change the one-kernel grading of `variant` skips,
+    reading the notebook alone (comparing values in the kernel makes it skip more)."""
     sources = _code_sources(with_replacements(source_notebook(name), variant["replace"]))
     changed = changed_cells(name, variant)
     after = [i for i, src in enumerate(sources) if src is not None and i >= min(changed)]
@@ -442,72 +444,11 @@ class _StepClient(NotebookClient):
             super()._update_display_id(display_id, msg)
 
 
-# Kernel side of the one-kernel grading: the notebook's namespace (deep-copied, aliases kept,
-# what cannot be copied kept as is) and the random states, saved before a cell where variants
-# start and put back before each of them, so a variant's run starts from what a fresh kernel
-# would hold there, not from what later cells left behind.
-_CHECKPOINTS = """
-def __dpmp_skip(key):
-    import re
-    return re.fullmatch(r"_+|_i+|_i?\\d+|_oh|_ih|_dh|In|Out|__\\w+__|__dpmp_\\w+", key)
-
-
-def __dpmp_copy(namespace):
-    import copy, types
-    memo, out = {}, {}
-    for key, value in namespace.items():
-        if __dpmp_skip(key):
-            continue
-        if key in ("get_ipython", "exit", "quit") or isinstance(value, (
-                types.ModuleType, types.FunctionType, types.BuiltinFunctionType, type)):
-            out[key] = value   # shared with the kernel, never copied
-            continue
-        try:
-            out[key] = copy.deepcopy(value, memo)
-        except Exception:
-            out[key] = value
-    return out
-
-
-def __dpmp_save(at):
-    import random, torch
-    __dpmp_saved[at] = (__dpmp_copy(globals()), torch.random.get_rng_state(), random.getstate())
-
-
-def __dpmp_restore(at):
-    import random, torch
-    names, torch_rng, rng = __dpmp_saved[at]
-    for key in [key for key in globals() if key not in names and not __dpmp_skip(key)]:
-        del globals()[key]
-    globals().update(__dpmp_copy(names))
-    torch.random.set_rng_state(torch_rng)
-    random.setstate(rng)
-
-
-def __dpmp_save_rng(at):
-    import random, torch
-    __dpmp_rng[at] = (torch.random.get_rng_state(), random.getstate())
-
-
-def __dpmp_restore_rng(at):
-    import random, torch
-    torch.random.set_rng_state(__dpmp_rng[at][0])
-    random.setstate(__dpmp_rng[at][1])
-
-
-def __dpmp_immutable():
-    import json, types, torch
-    atoms = (int, float, complex, str, bytes, bool, type(None), frozenset, range, torch.dtype,
-             torch.device, types.ModuleType, types.FunctionType, types.BuiltinFunctionType,
-             type)
-    def fixed(v):
-        return isinstance(v, atoms) or (isinstance(v, tuple) and all(fixed(x) for x in v))
-    print(json.dumps(sorted(k for k, v in globals().items() if not __dpmp_skip(k) and fixed(v))))
-
-
-__dpmp_saved = {}
-__dpmp_rng = {}
-"""
+# Kernel side of the one-kernel grading (tests/checkpoints.py, sent as source: the kernel runs
+# in the sandbox), under one name the notebook's own names cannot meet.
+_CHECKPOINTS = (f"__dpmp_module = {{'__name__': 'checkpoints'}}\n"
+                f"exec({(Path(__file__).parent / 'checkpoints.py').read_text()!r}, __dpmp_module)\n"
+                "__dpmp_checkpoints = __dpmp_module['Checkpoints']()")
 
 
 def _sandboxed() -> dict:
@@ -530,78 +471,104 @@ async def _grade_in_one_kernel(name: str) -> dict[str, KernelGrade]:
                          **_sandboxed())
     todo = [variants(name)[i] for i in in_one_kernel(name)]
     first = {v["name"]: min(changed_cells(name, v)) for v in todo}
+    earliest = min(first.values(), default=len(nb.cells))
+    code = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+    after = {i: next((j for j in code if j > i), len(nb.cells)) for i in code}
 
-    async def plumbing(code: str, index: int) -> str:
-        step = nbformat.v4.new_code_cell(code)
+    async def plumbing(source: str, index: int) -> str:
+        step = nbformat.v4.new_code_cell(source)
         await client.async_execute_cell(step, index)
         errors = [o for o in step.outputs if o.output_type == "error"]
         assert not errors, "\n".join(errors[0].traceback)
         return "".join(o.get("text", "") for o in step.outputs if o.output_type == "stream")
 
-    async def run(cells: list, start: int, save: bool = False,
-                  only: set[int] | None = None) -> KernelGrade:
-        grade, skipped = KernelGrade({}, {}), False
-        for index, cell in enumerate(cells, start):
-            if save and index in first.values():
-                await plumbing(f"__dpmp_save({index})", index)
-            if cell.cell_type != "code":
+    async def execute(cell: nbformat.NotebookNode, index: int, grade: KernelGrade) -> None:
+        meta = cell.metadata.get("nbgrader", {})
+        parts = _split_at_hidden_tests(cell.source) if meta.get("grade") else (cell.source,)
+        for n, part in enumerate(parts):
+            if not part.strip():
                 continue
-            if save and index >= earliest:
-                await plumbing(f"__dpmp_save_rng({index})", index)
-            if only is not None and index not in only:
-                skipped = True
+            step = nbformat.v4.new_code_cell(part)
+            await client.async_execute_cell(step, index)
+            errors = ["\n".join(o.get("traceback", [])) for o in step.outputs
+                      if o.output_type == "error"]
+            if errors and meta.get("grade"):
+                grade.failed[meta["grade_id"]] = errors[0]
+                if n == 0:
+                    grade.visible[meta["grade_id"]] = errors[0]
+            if errors:
+                break
+
+    async def solution() -> KernelGrade:
+        """The whole notebook, saving the namespace before each code cell from the earliest
+        a variant changes, and at the end."""
+        grade = KernelGrade({}, {})
+        for index in code:
+            if index >= earliest:
+                await plumbing(f"__dpmp_checkpoints.save(globals(), {index})", index)
+            await execute(nb.cells[index], index, grade)
+        await plumbing(f"__dpmp_checkpoints.save(globals(), {len(nb.cells)})", code[-1])
+        return grade
+
+    async def in_full(cells: list, start: int) -> KernelGrade:
+        grade = KernelGrade({}, {})
+        await plumbing(f"__dpmp_checkpoints.restore(globals(), {start})", start)
+        for index in (i for i in code if i >= start):
+            await execute(cells[index], index, grade)
+        return grade
+
+    async def skipping(cells: list, changed: set[int], ran: list[int]) -> KernelGrade:
+        """From the first changed cell on, only the cells that are changed or read a name
+        whose value differs from the solution's there (tests/checkpoints.py); a skipped cell
+        is taken to do what it did in the solution's run, so the names it binds take the
+        solution's values again, and the cell after it sees the solution's random state."""
+        reading = read_cells([c.source if c.cell_type == "code" else None for c in cells],
+                             swaps=NAMESPACE_SWAPS.get(name, frozenset()))
+        grade, dirty, behind = KernelGrade({}, {}), set(), False
+        start = min(changed)
+        await plumbing(f"__dpmp_checkpoints.restore(globals(), {start})", start)
+        for index in (i for i in code if i >= start):
+            if not dirty and index > max(changed):
+                break   # the namespace is the solution's again: the rest would run as it did
+            if index not in changed and not (dirty and spoils(reading.reads[index], dirty)):
+                dirty -= reading.binds[index]
+                behind = True
                 continue
-            if skipped:   # the random state this cell saw in the solution's run
-                await plumbing(f"__dpmp_restore_rng({index})", index)
-                skipped = False
-            meta = cell.metadata.get("nbgrader", {})
-            parts = _split_at_hidden_tests(cell.source) if meta.get("grade") else (cell.source,)
-            for n, part in enumerate(parts):
-                if not part.strip():
-                    continue
-                step = nbformat.v4.new_code_cell(part)
-                await client.async_execute_cell(step, index)
-                errors = ["\n".join(o.get("traceback", [])) for o in step.outputs
-                          if o.output_type == "error"]
-                if errors and meta.get("grade"):
-                    grade.failed[meta["grade_id"]] = errors[0]
-                    if n == 0:
-                        grade.visible[meta["grade_id"]] = errors[0]
-                if errors:
-                    break
+            if behind:
+                await plumbing(f"__dpmp_checkpoints.restore(globals(), {index}, "
+                               f"{tuple(sorted(dirty))!r})", index)
+                behind = False
+            ran.append(index)
+            await execute(cells[index], index, grade)
+            dirty = set(json.loads(await plumbing(
+                f"print(__import__('json').dumps(__dpmp_checkpoints.differs(globals(), "
+                f"{after[index]})))", index)))
         return grade
 
     def as_expected(variant: dict, grade: KernelGrade) -> bool:
         return (set(grade.failed) == set(variant["loses"])
                 and set(variant.get("visible", ())) <= set(grade.visible))
 
-    earliest = min(first.values(), default=len(nb.cells))
     results: dict = {"(skipping)": {}}
     client.reset_execution_trackers()
     async with client.async_setup_kernel():
         await client.async_wait_for_reply(await ensure_async(client.kc.kernel_info()))
         await plumbing(_CHECKPOINTS, 0)
-        start = time.monotonic()
-        results["(solution)"] = await run(nb.cells, 0, save=True)
-        results["(skipping)"]["(solution)"] = {"seconds": round(time.monotonic() - start, 1)}
-        immutable = frozenset(json.loads(await plumbing("__dpmp_immutable()", 0)))
+        clock = time.monotonic()
+        results["(solution)"] = await solution()
+        results["(skipping)"]["(solution)"] = {"seconds": round(time.monotonic() - clock, 1)}
         for variant in sorted(todo, key=lambda v: -first[v["name"]]):
-            start, clock = first[variant["name"]], time.monotonic()
-            changed = with_replacements(nb, variant["replace"])
-            only = cells_to_rerun(_code_sources(changed), changed_cells(name, variant),
-                                  immutable, NAMESPACE_SWAPS.get(name, frozenset()))
-            await plumbing(f"__dpmp_restore({start})", start)
-            grade = await run(changed.cells[start:], start, only=only)
+            clock, ran = time.monotonic(), []
+            cells = with_replacements(nb, variant["replace"]).cells
+            grade = first_grade = await skipping(cells, changed_cells(name, variant), ran)
             # a skipping run that differs from what the variant should lose may have missed
             # a dependency: the whole rest of the notebook decides
-            skipping = grade
             if not as_expected(variant, grade):
-                await plumbing(f"__dpmp_restore({start})", start)
-                grade = await run(changed.cells[start:], start)
+                grade = await in_full(cells, first[variant["name"]])
             results[variant["name"]] = grade
             results["(skipping)"][variant["name"]] = {
-                "ran": sorted(only), "fell back": grade is not skipping,
-                "skipping lost": sorted(skipping.failed) if grade is not skipping else None,
+                "ran": ran, "fell back": grade is not first_grade,
+                "skipping lost": sorted(first_grade.failed) if grade is not first_grade else None,
                 "seconds": round(time.monotonic() - clock, 1)}
     return results
 
