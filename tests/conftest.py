@@ -73,3 +73,22 @@ def graded_class(tmp_path_factory) -> dict:
     from .grading_class import grade_the_class  # it imports this file: no cycle at import
 
     return grade_the_class(tmp_path_factory.mktemp("class"))
+
+
+# Files that share a session fixture run on one pytest-xdist worker, so that it is built once.
+_SHARED_WORKER = {"tests/test_grading_trust.py": "tests/test_class_grading.py"}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """With pytest-xdist (the test command runs 2 workers) each test file runs whole on one
+    worker, so that a module's fixtures (a JupyterLab, a graded course) are built once, and
+    the files of one session fixture (the graded class) run on the same worker."""
+    from xdist.scheduler import LoadFileScheduling
+
+    class ByFile(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return _SHARED_WORKER.get(scope, scope)
+
+    return ByFile(config, log)
