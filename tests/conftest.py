@@ -76,7 +76,7 @@ def graded_class(tmp_path_factory) -> dict:
 
 
 # Files that share a session fixture run on one pytest-xdist worker, so that it is built once.
-_SHARED_WORKER = {"tests/test_grading_trust.py": "tests/test_class_grading.py"}
+SHARED_WORKER = {"tests/test_grading_trust.py": "tests/test_class_grading.py"}
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -89,6 +89,6 @@ def pytest_xdist_make_scheduler(config, log):
     class ByFile(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
             scope = super()._split_scope(nodeid)
-            return _SHARED_WORKER.get(scope, scope)
+            return SHARED_WORKER.get(scope, scope)
 
     return ByFile(config, log)

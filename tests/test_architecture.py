@@ -483,6 +483,18 @@ def test_no_test_module_imports_another():
     assert not found, "\n".join(found)
 
 
+def test_the_files_of_one_session_fixture_share_a_worker():
+    """The test command's workers run a file whole; the files that use the graded class (a
+    session fixture of minutes) must be one scope for the scheduler, or it is graded twice."""
+    from .conftest import SHARED_WORKER
+
+    tests = PACKAGE_DIR.parent / "tests"
+    users = sorted(f"tests/{p.name}" for p in tests.glob("test_*.py")
+                   if any(isinstance(f, ast.FunctionDef) and "graded_class" in
+                          [a.arg for a in f.args.args] for f in ast.walk(ast.parse(p.read_text()))))
+    assert users and {SHARED_WORKER.get(u, u) for u in users} == {users[0]}, users
+
+
 def test_render_imports_nothing_from_dpmp_lab():
     tree = ast.parse((PACKAGE_DIR / "render.py").read_text())
     found = [f"line {node.lineno}: {ast.unparse(node)}" for node, _ in _imports(tree)
