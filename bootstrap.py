@@ -10,7 +10,8 @@ reuse it and reinstall only when pyproject.toml or constraints.txt changed.
 
 torch: a torch already in .venv is kept. Otherwise the tests, and the course on a machine
 without an NVIDIA GPU, get the CPU build pinned in constraints.txt; the course on a machine
-with an NVIDIA GPU gets PyPI's default (CUDA) build. Only the Python standard library is used
+with an NVIDIA GPU gets the same torch version from PyPI, whose Linux wheel is the CUDA build.
+The course installs pyproject's `course` and `instructor` extras, the tests `dev` (all of it). Only the Python standard library is used
 here, so this runs on a fresh machine with nothing but python3.
 
 The browser test (tests/test_browser.py) needs a system Chromium, and the grading tests need
@@ -40,6 +41,10 @@ LINTED = ("dpmp_lab", "tests", "benchmarks", "tools", "bootstrap.py")
 # bracket, operators at line breaks, lambdas assigned, E501 (ruff checks the length), l as a name
 PYCODESTYLE_IGNORE = "E121,E123,E126,E226,E24,E704,W503,W504,E501,E731,E741"
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")  # what tests/test_browser.py finds
+# pyproject's extras each command installs: a learner's (and an instructor's) course needs no
+# test tools; the tests need everything ("dev" holds course and instructor)
+EXTRAS = {"course": ("course", "instructor"), "test": ("dev",)}
+HOLDS = {"dev": {"dev", "course", "instructor"}}
 
 
 def say(text: str) -> None:
@@ -79,6 +84,14 @@ def has_nvidia_gpu() -> bool:
     return subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0
 
 
+def tested_torch() -> str:
+    """The torch version constraints.txt pins (its CPU build's, without the +cpu)."""
+    for line in CONSTRAINTS.read_text().splitlines():
+        if line.startswith("torch=="):
+            return line.split(";")[0].removeprefix("torch==").strip().removesuffix("+cpu")
+    raise SystemExit("[bootstrap] constraints.txt pins no torch")
+
+
 def constraints_for(purpose: str, python: Path) -> tuple[str, str]:
     """The constraints to install with, and a word on which torch that means."""
     others = [line for line in CONSTRAINTS.read_text().splitlines()
@@ -87,16 +100,18 @@ def constraints_for(purpose: str, python: Path) -> tuple[str, str]:
     if have:
         return "\n".join(others + [f"torch=={have}"]), f"keeping torch {have}"
     if purpose == "course" and has_nvidia_gpu():
-        return "\n".join(others), "NVIDIA GPU found: torch from PyPI (CUDA build)"
+        cuda = f"torch=={tested_torch()}"   # PyPI's Linux wheel of that version is a CUDA build
+        return "\n".join(others + [cuda]), f"NVIDIA GPU found: {cuda} from PyPI (CUDA build)"
     return CONSTRAINTS.read_text(), "torch: the CPU build from constraints.txt"
 
 
-def pip_install(python: Path, constraints: str, extra: list[str]) -> bool:
+def pip_install(python: Path, constraints: str, extras: tuple[str, ...],
+                extra: list[str]) -> bool:
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
         f.write(constraints + "\n")
     try:
         cmd = [str(python), "-m", "pip", "install", "--disable-pip-version-check",
-               "-c", f.name, "-e", f"{ROOT}[dev]", *extra]
+               "-c", f.name, "-e", f"{ROOT}[{','.join(extras)}]", *extra]
         return subprocess.run(cmd, cwd=ROOT).returncode == 0
     finally:
         os.unlink(f.name)
@@ -107,17 +122,21 @@ def ensure_installed(purpose: str) -> Path:
     digest = hashlib.sha256(
         (ROOT / "pyproject.toml").read_bytes() + CONSTRAINTS.read_bytes()
     ).hexdigest()
-    if STAMP.exists() and STAMP.read_text() == digest:
+    # the stamp: the digest, then the extras installed with it (one per line)
+    stamp = STAMP.read_text().split("\n") if STAMP.exists() else [""]
+    have = set().union(*(HOLDS.get(e, {e}) for e in stamp[1:])) if stamp[0] == digest else set()
+    if set(EXTRAS[purpose]) <= have:
         return python
+    extras = tuple(sorted(set(EXTRAS[purpose]) | {e for e in stamp[1:] if stamp[0] == digest}))
     constraints, which_torch = constraints_for(purpose, python)
-    say(f"installing dpmp_lab and its tools into .venv ({which_torch})")
-    ok = pip_install(python, constraints, [])
+    say(f"installing dpmp_lab[{','.join(extras)}] into .venv ({which_torch})")
+    ok = pip_install(python, constraints, extras, [])
     if not ok and "+cpu" in constraints and sys.platform.startswith("linux"):
         say(f"the CPU build of torch is not on this machine's indexes: trying {CPU_INDEX}")
-        ok = pip_install(python, constraints, ["--extra-index-url", CPU_INDEX])
+        ok = pip_install(python, constraints, extras, ["--extra-index-url", CPU_INDEX])
     if not ok:
         sys.exit("[bootstrap] installation failed (see pip's message above)")
-    STAMP.write_text(digest)
+    STAMP.write_text("\n".join([digest, *extras]))
     return python
 
 

@@ -163,13 +163,29 @@ def time_collective(op: str, nbytes: int, *, warmup: int = 2, repeats: int = 5,
 
 
 class SweepRow(NamedTuple):
-    """One measured point: `seconds` is the median over repeats of the slowest rank."""
+    """One measured point: `seconds` is the median over repeats of the slowest rank.
+
+    Its bandwidths are nccl-tests' (doc/PERFORMANCE.md there): algbw = size / time, with size
+    the full tensor as in time_collective; busbw = algbw x 2(N-1)/N for all-reduce and
+    x (N-1)/N for all-gather and reduce-scatter, the bytes each rank's link carries per second,
+    comparable with the hardware's peak whatever the number of ranks (the ring's wire bytes
+    over the time)."""
 
     op: str
     world_size: int
     nbytes: int
     seconds: float
     min_seconds: float
+
+    @property
+    def algbw(self) -> float:
+        """Bytes per second of the collective's size, at the median time."""
+        return self.nbytes / self.seconds
+
+    @property
+    def busbw(self) -> float:
+        """Bytes per second on each rank's link, at the median time."""
+        return _wire_bytes(self.op, self.nbytes, self.world_size) / self.seconds
 
 
 def _sweep_in_rank(ops: Sequence[str], sizes: Sequence[int], warmup: int,
@@ -193,11 +209,12 @@ class Sweep:
                 and (world_size is None or r.world_size == world_size)]
 
     def table(self) -> Table:
-        return Table(["op", "ranks", "size", "median ms", "min ms", "GB/s (wire, median)"],
+        return Table(["op", "ranks", "size", "median ms", "min ms", "algbw GB/s", "busbw GB/s"],
                      [[r.op, r.world_size, human_bytes(r.nbytes), f"{r.seconds * 1e3:.3f}",
-                       f"{r.min_seconds * 1e3:.3f}",
-                       f"{_wire_bytes(r.op, r.nbytes, r.world_size) / r.seconds / 1e9:.2f}"]
-                      for r in self.rows], title="collective sweep")
+                       f"{r.min_seconds * 1e3:.3f}", f"{r.algbw / 1e9:.2f}",
+                       f"{r.busbw / 1e9:.2f}"]
+                      for r in self.rows], title="collective sweep (nccl-tests' algbw and busbw, "
+                     "at the median)")
 
     def _repr_html_(self) -> str:
         return self.table()._repr_html_()

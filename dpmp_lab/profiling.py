@@ -3,6 +3,7 @@ communication intervals, and the overlap between them read from their order.
 
     out, prof = dl.bench.profile(step)        # inside a rank (re-exported by dpmp_lab.bench)
     prof.overlapped(), prof.comm_share()
+    dl.bench.profile(step, trace_dir="traces")   # and traces/rank<r>.json, a Chrome trace
     dl.viz.profile(res)                       # the per-rank picture (dpmp_lab.viz.profile_picture)
 
 Compute intervals: forward is the top-level aten ops of the calling thread, backward is
@@ -10,6 +11,10 @@ autograd's evaluate_function nodes (on whatever thread the engine runs them), "o
 calling thread's work after backward began (dividing gradients, the optimizer). Communication:
 from the c10d call that issued a collective to the end of the backend's execution of it
 (gloo:* or nccl:*, matched by op in order).
+
+With `trace_dir`, each rank also writes torch.profiler's own events as a Chrome trace,
+rank<r>.json: what torch users open in Perfetto (ui.perfetto.dev) or chrome://tracing, and what
+HolisticTraceAnalysis reads from an nccl run.
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ class Profile:
     comm: list[Interval]
     wall: float                                          # ms from first to last event
     issues: list[float] = field(default_factory=list)    # ms when each collective was issued
+    trace_file: str | None = None                        # the Chrome trace written, if asked
 
     def overlapped(self) -> bool:
         """True when backward computed after a collective was issued: communication launched
@@ -185,10 +191,13 @@ def _quiet_native_stderr() -> Iterator[None]:
         os.close(saved)
 
 
-def profile(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, Profile]:
+def profile(fn: Callable[..., Any], *args: Any, trace_dir: str | os.PathLike | None = None,
+            **kwargs: Any) -> tuple[Any, Profile]:
     """Run `fn(*args, **kwargs)` once under torch.profiler inside a rank: (its result, Profile).
 
     Warm the step up before profiling it: a first call's one-off setup would fill the picture.
+    `trace_dir`: a folder (made if missing) where this rank writes its Chrome trace, named
+    rank<r>.json by its global rank so that the ranks of one launch never overwrite each other.
     """
     activities = [ProfilerActivity.CPU]
     if device().type == "cuda":
@@ -209,4 +218,9 @@ def profile(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, Pro
         if ev.name == "dpmp_lab.bench.profile":
             thread = ev.thread
     rank = dist.get_rank() if dist.is_initialized() else 0
-    return out, intervals_from_events(events, rank, thread)
+    result = intervals_from_events(events, rank, thread)
+    if trace_dir is not None:
+        os.makedirs(trace_dir, exist_ok=True)
+        result.trace_file = os.path.join(os.fspath(trace_dir), f"rank{rank}.json")
+        prof.export_chrome_trace(result.trace_file)
+    return out, result

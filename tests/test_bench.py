@@ -7,6 +7,7 @@ No assertion here is about how fast anything is: times are measured on a shared 
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
 import torch
@@ -138,10 +139,26 @@ def test_sweep_has_one_row_per_op_size_and_world_size(warm):
     assert all(0 < r.min_seconds <= r.seconds for r in table.rows)
     assert len(table.select("all_gather", 4)) == 2
     assert "collective sweep" in str(table.table())
+    assert "algbw GB/s" in str(table.table()) and "busbw GB/s" in str(table.table())
     with pytest.raises(ValueError, match="whole fp32"):
         dl.bench.sweep(["all_reduce"], [20], [4])
     with pytest.raises(ValueError, match="2 ranks or more"):
         dl.bench.sweep(["all_reduce"], [64], [1])
+
+
+def test_sweep_bandwidths_are_nccl_tests_algbw_and_busbw():
+    """doc/PERFORMANCE.md of nccl-tests: algbw = S / t; busbw = algbw x 2(n-1)/n for
+    all-reduce, x (n-1)/n for all-gather and reduce-scatter (S the full tensor)."""
+    rows = [dl.bench.SweepRow(op, 4, 8_000_000, 2e-3, 1e-3)
+            for op in ("all_reduce", "all_gather", "reduce_scatter")]
+    assert [r.algbw for r in rows] == [pytest.approx(4e9)] * 3
+    assert [r.busbw for r in rows] == [pytest.approx(6e9), pytest.approx(3e9),
+                                       pytest.approx(3e9)]
+    assert dl.bench.SweepRow("all_reduce", 2, 8_000_000, 2e-3, 1e-3).busbw == pytest.approx(4e9)
+    lines = str(dl.bench.Sweep(rows).table()).splitlines()
+    assert lines[1].split()[-4:] == ["algbw", "GB/s", "busbw", "GB/s"]
+    assert [line.split()[-2:] for line in lines[-3:]] == [["4.00", "6.00"], ["4.00", "3.00"],
+                                                          ["4.00", "3.00"]]
 
 
 # -- profiles ------------------------------------------------------------------------------------
@@ -202,6 +219,34 @@ def test_profile_matches_each_issue_with_its_execution(warm):
         "c10d::broadcast_", "gloo:broadcast")] == [
         "allreduce", "allreduce", "allgather", "allgather", "reducescatter", "reducescatter",
         "broadcast", "broadcast"]
+
+
+def traced_collectives(folder: str):
+    t = torch.ones(8, device=dl.device())
+
+    def step():
+        dist.all_reduce(t)
+    step()
+    return dl.bench.profile(step, trace_dir=folder)[1]
+
+
+def test_profile_writes_one_chrome_trace_per_rank(warm, tmp_path):
+    """What Perfetto and chrome://tracing open: a JSON object with traceEvents, the profiled
+    call's record and the collective in it, one file per rank."""
+    import json
+
+    folder = tmp_path / "traces"
+    res = dl.launch(traced_collectives, str(folder), world_size=2, stream=False)
+    assert sorted(p.name for p in folder.iterdir()) == ["rank0.json", "rank1.json"]
+    for rank, prof in enumerate(res.values):
+        assert prof.trace_file == str(folder / f"rank{rank}.json")
+        names = {e.get("name") for e in json.loads(Path(prof.trace_file).read_text())[
+            "traceEvents"]}
+        assert "dpmp_lab.bench.profile" in names
+        assert any("allreduce" in _op_key(n) for n in names if isinstance(n, str)
+                   and n.startswith(("c10d::", "gloo:", "nccl:"))), sorted(names)[:20]
+    assert dl.launch(profiled_collectives, world_size=2, stream=False).values[0].trace_file \
+        is None
 
 
 def test_overlap_and_exposed_share_are_interval_logic():

@@ -1,0 +1,62 @@
+"""bootstrap.py and the install files: which torch each machine gets, which extras each command
+installs, and environment.yml saying the same as constraints.txt and pyproject.toml."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+
+import pytest
+
+from .conftest import ROOT
+
+
+@pytest.fixture(scope="module")
+def bootstrap():
+    spec = importlib.util.spec_from_file_location("bootstrap_under_test", ROOT / "bootstrap.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def extras() -> dict[str, list[str]]:
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is Python 3.11's")
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+
+
+def test_each_command_installs_extras_that_exist_and_dev_holds_the_others(bootstrap):
+    have = extras()
+    assert {e for wanted in bootstrap.EXTRAS.values() for e in wanted} <= set(have)
+    [itself] = [r for r in have["dev"] if r.startswith("dpmp_lab[")]
+    assert set(itself.removeprefix("dpmp_lab[").removesuffix("]").split(",")) == (
+        bootstrap.HOLDS["dev"] - {"dev"})
+    assert "pytest" in have["dev"] and "pytest" not in have["course"] + have["instructor"]
+    assert "nbgrader" in have["instructor"] and "matplotlib" in have["instructor"]
+
+
+def test_a_gpu_course_gets_the_tested_torch_from_pypi_and_everything_else_the_cpu_build(
+        bootstrap, monkeypatch, tmp_path):
+    monkeypatch.setattr(bootstrap, "installed_torch", lambda python: None)
+    version = bootstrap.tested_torch()
+    assert re.fullmatch(r"\d+\.\d+\.\d+", version)
+    for purpose, gpu, want in [("course", True, f"torch=={version}"),
+                               ("course", False, f"torch=={version}+cpu"),
+                               ("test", True, f"torch=={version}+cpu")]:
+        monkeypatch.setattr(bootstrap, "has_nvidia_gpu", lambda gpu=gpu: gpu)
+        constraints, _ = bootstrap.constraints_for(purpose, tmp_path / "python")
+        torch_lines = [line.split(";")[0].strip() for line in constraints.splitlines()
+                       if line.startswith("torch")]
+        assert want in torch_lines, (purpose, gpu, torch_lines)
+        assert len(torch_lines) == (1 if want.endswith(version) else 2)
+
+
+def test_environment_yml_pins_the_tested_torch_as_the_cpu_build_with_existing_extras(
+        bootstrap):
+    text = (ROOT / "environment.yml").read_text()
+    version = bootstrap.tested_torch()
+    assert f'torch=={version}+cpu ; sys_platform == "linux"' in text
+    assert f"torch=={version}`" in text          # what the header says a GPU server uses
+    assert bootstrap.CPU_INDEX in text
+    [named] = re.findall(r"-e \.\[([\w,]+)\]", text)
+    assert set(named.split(",")) <= set(extras())
