@@ -118,8 +118,14 @@ def lab(args: argparse.Namespace) -> int:
 
 def release(args: argparse.Namespace) -> int:
     """Regenerate the learners' notebooks in course/ from the instructor's in solutions/."""
-    for name in course.release(args.names or None):
-        print(f"course/{name} regenerated from solutions/{name}")
+    root = args.root or course.repo_root()
+    try:
+        names = course.release(args.names or None, root=root)
+    except ValueError as exc:
+        print(f"dpmp-lab release: {exc}", file=sys.stderr)
+        return 2
+    for name in names:
+        print(f"{root / 'course' / name} regenerated from {root / 'solutions' / name}")
     return 0
 
 
@@ -219,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=lab)
     p = sub.add_parser("release", help="regenerate course/ from solutions/ (nbgrader)")
     p.add_argument("names", nargs="*", help="assignments (default: all)")
+    _root_option(p)
     p.set_defaults(func=release)
     p = sub.add_parser("learner-copy", help="a copy of the course for learners (no "
                        "solutions/, tests/ or gradebook)")

@@ -763,3 +763,21 @@ def test_a_learners_copy_holds_the_release_and_no_hidden_test(tmp_path, capsys):
         leaked = [line for line in distinctive if line in text or json.dumps(line)[1:-1] in text]
         assert not leaked, f"{path.relative_to(dest)} holds hidden test lines: {leaked[:3]}"
     assert cli.main(["learner-copy", str(dest)]) == 2   # never into a folder with files
+
+
+def test_release_takes_a_course_root_and_refuses_an_unknown_assignment(tmp_path, capsys):
+    """`dpmp-lab release --root DIR` releases into DIR/course, never into this checkout."""
+    from dpmp_lab import cli
+
+    root = tmp_path / "elsewhere"
+    root.mkdir()
+    shutil.copy(ROOT / "nbgrader_config.py", root)
+    shutil.copytree(ROOT / "solutions" / "00_launch", root / "solutions" / "00_launch")
+    before = (ROOT / "course" / "00_launch" / "00_launch.ipynb").stat().st_mtime_ns
+    assert cli.main(["release", "00_launch", "--root", str(root)]) == 0
+    assert str(root / "course" / "00_launch") in capsys.readouterr().out
+    assert (root / "course" / "00_launch" / "00_launch.ipynb").exists()
+    assert (root / "gradebook.db").exists()
+    assert (ROOT / "course" / "00_launch" / "00_launch.ipynb").stat().st_mtime_ns == before
+    assert cli.main(["release", "99_nothing", "--root", str(root)]) == 2
+    assert "no such assignment in solutions/: 99_nothing" in capsys.readouterr().err
