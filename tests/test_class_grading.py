@@ -259,6 +259,22 @@ def test_a_job_that_breaks_costs_its_own_submission_only(tmp_path, monkeypatch):
     assert [o.student for o in again.outcomes] == ["broken_l17"]   # tried again: no fingerprint
 
 
+def test_a_notebook_under_another_name_is_not_graded_and_says_the_name_expected(tmp_path):
+    """nbgrader alone would say "did you forget to run generate_assignment?"."""
+    import nbformat
+
+    root = course_root(tmp_path / "c")
+    folder = root / "submitted" / "hal_l17" / NAME
+    folder.mkdir(parents=True)
+    nbformat.write(source_notebook(NAME), folder / f"{NAME} (1).ipynb")
+    summary = grading.grade_class(NAME, root=root, jobs=1, sandboxed=False, say=lambda _: None)
+    [failed] = summary.failed
+    assert failed.student == "hal_l17" and not failed.graded
+    assert f"expected {NAME}.ipynb in the submission, found {NAME} (1).ipynb" in failed.reason
+    rows = {r["student"]: r for r in class_report.grades(root, [NAME])}
+    assert rows["hal_l17"]["score"] == 0 and rows["hal_l17"]["needs_manual_grade"]
+
+
 # -- the keys the report counts ------------------------------------------------------------------
 
 

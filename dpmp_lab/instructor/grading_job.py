@@ -211,6 +211,18 @@ def _job_config(settings: Settings, scratch: Path, sockets: str) -> str:
             + f"_dpmp_configure(c, {job!r})\n")
 
 
+def _misnamed(folder: Path, name: str) -> str:
+    """Why a submission holds no `name`.ipynb, or "" (nbgrader would only say that the
+    assignment may not have been released)."""
+    if (folder / f"{name}.ipynb").is_file():
+        return ""
+    found = sorted(p.name for p in folder.glob("*.ipynb"))
+    return (f"expected {name}.ipynb in the submission, found "
+            + (", ".join(found) if found else "no notebook")
+            + ": nbgrader grades only the notebook under its released name (renamed back, "
+            "it can be graded)")
+
+
 def _size_of(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
@@ -223,6 +235,9 @@ def grade_one(name: str, student: str, folder: Path, *, settings: Settings,
     start = time.monotonic()
     fp = fingerprint(folder, settings.root / "solutions" / name)
     live = LiveJobs() if live is None else live
+    misnamed = _misnamed(folder, name)
+    if misnamed:
+        return Graded(student, fp, graded=False, reason=misnamed)
     size = _size_of(folder)
     if size > settings.limits.disk_mb * 2**20:
         return Graded(student, fp, graded=False, reason=(
