@@ -45,7 +45,7 @@ WHOLE = "Why it stays whole:"
 LAYERS = {
     # 0: imports nothing from dpmp_lab but other layer-0 modules
     "render": 0, "_helpers": 0, "compat": 0, "integrity": 0, "launcher.protocol": 0,
-    "launcher.lines": 0, "launcher.serialize": 0, "launcher.processes": 0,
+    "launcher.lines": 0, "launcher.serialize": 0, "launcher.processes": 0, "launcher.cores": 0,
     "instructor.scan": 0, "instructor.sandbox": 0, "instructor.limits": 0,
     # 1: what a rank knows and records
     "context": 1, "trace": 1, "launcher.audit": 1, "launcher.collective_inputs": 1,

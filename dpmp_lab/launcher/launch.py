@@ -35,6 +35,7 @@ from dpmp_lab import integrity
 from dpmp_lab._helpers import positive_seconds, short_repr, whole_number
 from dpmp_lab.context import nccl_backend
 from dpmp_lab.launcher import serialize
+from dpmp_lab.launcher.cores import usable_cores
 from dpmp_lab.launcher.failures import (
     UNGUARDED_EXIT,
     LaunchError,
@@ -225,15 +226,6 @@ def visible_gpus() -> int:
         return torch.cuda.device_count()
     except Exception:
         return 0
-
-
-def usable_cores() -> int:
-    """CPU cores this process may run on (its affinity, where the OS has one): what the ranks
-    of a launch share."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 # -- checking the request ---------------------------------------------------------------------
