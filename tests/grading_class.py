@@ -90,9 +90,11 @@ STOPPED = {"mal_flood": "output limit", "mal_memory": "memory limit", "mal_disk"
 ATTACKERS = {"mal_reach", *FORGED, *STOPPED}
 LIMITS = Limits(memory_mb=1536, processes=128, disk_mb=64, cell_output_kb=256,
                 notebook_output_mb=4)
-# a legitimate submission takes 10-40 s on the 2-core machine (more with it loaded by other
-# work); the hang is stopped at this limit, paid once
-LIMIT = 90.0
+# a legitimate submission takes 10-40 s on the 2-core machine alone, and up to 90 s or more
+# while the course's grading fixture runs beside it on the other test worker (the solution ran
+# past a 90 s limit once so, a wrong answer took 68 s); the hang is stopped at this limit, paid
+# once (on the class's worker, beside the longer course fixture)
+LIMIT = 150.0
 
 
 def stopped_here(summary: grading.Summary) -> set[str]:
