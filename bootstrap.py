@@ -11,8 +11,9 @@ reuse it and reinstall only when pyproject.toml or constraints.txt changed.
 torch: a torch already in .venv is kept. Otherwise the tests, and the course on a machine
 without an NVIDIA GPU, get the CPU build pinned in constraints.txt; the course on a machine
 with an NVIDIA GPU gets the same torch version from PyPI, whose Linux wheel is the CUDA build.
-The course installs pyproject's `course` and `instructor` extras, the tests `dev` (all of it). Only the Python standard library is used
-here, so this runs on a fresh machine with nothing but python3.
+The course installs pyproject's `course` and `instructor` extras, the tests `dev` (all of it).
+Only the Python standard library is used here, so this runs on a fresh machine with nothing
+but python3.
 
 The browser test (tests/test_browser.py) needs a system Chromium, and the grading tests need
 bubblewrap (the sandbox every submission is graded in). Only under CI (CI=true) and as root
@@ -123,11 +124,11 @@ def ensure_installed(purpose: str) -> Path:
         (ROOT / "pyproject.toml").read_bytes() + CONSTRAINTS.read_bytes()
     ).hexdigest()
     # the stamp: the digest, then the extras installed with it (one per line)
-    stamp = STAMP.read_text().split("\n") if STAMP.exists() else [""]
-    have = set().union(*(HOLDS.get(e, {e}) for e in stamp[1:])) if stamp[0] == digest else set()
-    if set(EXTRAS[purpose]) <= have:
+    digest_then_extras = STAMP.read_text().split("\n") if STAMP.exists() else [""]
+    recorded = set(digest_then_extras[1:]) if digest_then_extras[0] == digest else set()
+    if set(EXTRAS[purpose]) <= set().union(*(HOLDS.get(e, {e}) for e in recorded)):
         return python
-    extras = tuple(sorted(set(EXTRAS[purpose]) | {e for e in stamp[1:] if stamp[0] == digest}))
+    extras = tuple(sorted(set(EXTRAS[purpose]) | recorded))
     constraints, which_torch = constraints_for(purpose, python)
     say(f"installing dpmp_lab[{','.join(extras)}] into .venv ({which_torch})")
     ok = pip_install(python, constraints, extras, [])
