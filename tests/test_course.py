@@ -23,6 +23,7 @@ import pytest
 from nbclient import NotebookClient
 
 from dpmp_lab.instructor import course
+from dpmp_lab.instructor.nbgrader_steps import Step
 
 from .cell_dependencies import cells_to_rerun, read_cells, spoils
 from .conftest import ROOT, stray_processes
@@ -408,10 +409,10 @@ def _round_trip(root: Path, name: str) -> dict:
     for i in by_nbgrader(name):
         _submit(root, f"variant{i:02d}", name,
                 with_replacements(source_notebook(name), variants(name)[i]["replace"]))
-    course.nbgrader("autograde", name, "--create", "--student", AUDITED, root=root,
-                    capture=True, env={"DPMP_LAB_DEVICE_AUDIT": "1"})
-    course.nbgrader("autograde", name, "--create", root=root, capture=True)   # the others
-    course.nbgrader("generate_feedback", name, "--force", root=root, capture=True)
+    course.nbgrader_steps([   # one process, as `dpmp-lab grade` runs a job
+        Step(("autograde", name, "--create", "--student", AUDITED), {"DPMP_LAB_DEVICE_AUDIT": "1"}),
+        Step(("autograde", name, "--create")),   # the others
+        Step(("generate_feedback", name, "--force"))], root=root, capture=True)
     scores = {}
     with Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gb:
         for sub in gb.assignment_submissions(name):

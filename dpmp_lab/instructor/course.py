@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from dpmp_lab._helpers import PACKAGE_HOME, tail
+from dpmp_lab.instructor.nbgrader_steps import Step, command
 
 ASSIGNMENT = re.compile(r"\d\d_[a-z0-9_]+")
 COURSE_ID = "dpmp_lab"   # as nbgrader_config.py names the course in the gradebook
@@ -49,14 +50,22 @@ def nbgrader(*args: str, root: Path | None = None, check: bool = True,
     """Run `nbgrader args...` in the course root with this Python's tools on PATH (nbgrader
     calls helper programs such as alembic by name); `env`: variables added for this run (a
     kernel in the sandbox keeps DPMP_LAB_* ones, e.g. the device audit's)."""
+    return nbgrader_steps([Step(args, env or {})], root=root, check=check, capture=capture)
+
+
+def nbgrader_steps(steps: list[Step], *, root: Path | None = None, check: bool = True,
+                   capture: bool = False) -> subprocess.CompletedProcess:
+    """Run several nbgrader commands in one process, in the course root, stopping at the first
+    that fails (nbgrader_steps.py: each process of its own would import nbgrader and torch
+    again)."""
     root = root or repo_root()
-    env = {**os.environ, **(env or {})}
+    env = dict(os.environ)
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    done = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=root, env=env,
-                          text=True, capture_output=capture)
+    done = subprocess.run(command(steps), cwd=root, env=env, text=True, capture_output=capture)
     if check and done.returncode:
         last = tail(done.stderr or "", 40)
-        raise RuntimeError(f"`nbgrader {' '.join(args)}` failed (exit {done.returncode}) in "
+        what = "; ".join(" ".join(s.args) for s in steps)
+        raise RuntimeError(f"`nbgrader {what}` failed (exit {done.returncode}) in "
                            f"{root}" + (f":\n{last}" if last else ""))
     return done
 
@@ -73,9 +82,9 @@ def release(names: list[str] | None = None, *, root: Path | None = None,
     unknown = sorted(set(names) - set(assignments(root)))
     if unknown:
         raise ValueError(f"no such assignment in solutions/: {', '.join(unknown)}")
-    for name in names:
-        extra = ["--no-db", f"--CourseDirectory.release_directory={into}"] if into else []
-        nbgrader("generate_assignment", name, "--force", *extra, root=root, capture=True)
+    extra = ("--no-db", f"--CourseDirectory.release_directory={into}") if into else ()
+    nbgrader_steps([Step(("generate_assignment", name, "--force", *extra)) for name in names],
+                   root=root, capture=True)
     return names
 
 

@@ -24,6 +24,7 @@ from nbgrader.api import Gradebook, MissingEntry
 from dpmp_lab._helpers import PACKAGE_HOME
 from dpmp_lab.instructor.course import COURSE_ID, gradebook_url
 from dpmp_lab.instructor.limits import Cgroups, Limits, disk_used, enter_command
+from dpmp_lab.instructor.nbgrader_steps import Step, command
 from dpmp_lab.launcher import processes
 
 REPORT = "dpmp-report.json"   # what GuardedExecute found, in the job's scratch course
@@ -136,11 +137,11 @@ def _last_error(log: str) -> str:
     return (errors or lines or ["no output"])[-1][:300]
 
 
-def _run(args: list[str], scratch: Path, deadline: float, settings: Settings,
+def _run(steps: list[Step], scratch: Path, deadline: float, settings: Settings,
          cgroups: Cgroups, watched: list[Path], live: LiveJobs) -> tuple[int | None, str, str]:
-    """`nbgrader args` in the scratch course until it ends, the deadline passes or a limit is
-    hit: (exit code or None if stopped, its log, why it was stopped). While it runs it is in
-    `live`, so that an interrupted grade_class can kill it."""
+    """The nbgrader commands `steps`, in one process in the scratch course, until they end,
+    the deadline passes or a limit is hit: (exit code or None if stopped, the log, why it was
+    stopped). While it runs it is in `live`, so that an interrupted grade_class can kill it."""
     env = dict(os.environ)
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     # nbgrader_config.py and the kernel import dpmp_lab: from this checkout, wherever cwd is
@@ -148,11 +149,10 @@ def _run(args: list[str], scratch: Path, deadline: float, settings: Settings,
                                         if p)
     env["DPMP_LAB_GRADING_RUN"] = settings.run_id
     log = scratch / "nbgrader.log"
-    command = enter_command([sys.executable, "-m", "nbgrader", *args], settings.limits,
-                            cgroups)
+    argv = enter_command(command(steps), settings.limits, cgroups)
     stopped, disk_at = "", 0.0
     with open(log, "a") as out:
-        proc = subprocess.Popen(command, cwd=scratch, env=env, stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen(argv, cwd=scratch, env=env, stdin=subprocess.DEVNULL,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         running = Running(proc, cgroups)
         live.add(running)
@@ -252,13 +252,11 @@ def grade_one(name: str, student: str, folder: Path, *, settings: Settings,
     extra = [f"--Execute.timeout={settings.cell_timeout}"] if settings.cell_timeout else []
     deadline = start + settings.timeout
     try:
-        code, log, stopped = _run(["autograde", name, "--create", f"--student={student}",
-                                   *extra], scratch, deadline, settings, cgroups, watched, live)
+        # feedback only after an autograde that succeeded (a limit hit makes it fail)
+        steps = [Step(("autograde", name, "--create", f"--student={student}", *extra)),
+                 Step(("generate_feedback", name, f"--student={student}", "--force"))]
+        code, log, stopped = _run(steps, scratch, deadline, settings, cgroups, watched, live)
         report = _report(scratch)
-        if code == 0 and not report.get("limit"):
-            code, log, stopped = _run(["generate_feedback", name, f"--student={student}",
-                                       "--force"], scratch, deadline, settings, cgroups,
-                                      watched, live)
         stopped = stopped or cgroups.hit() or ""   # a kernel the OOM killer ended, say
         outcome.peak = cgroups.peak()
     finally:
