@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import OrderedDict
 from pathlib import Path
 
 import pytest
@@ -78,21 +79,17 @@ def graded_class(tmp_path_factory) -> dict:
 # Files that share a session fixture run on one pytest-xdist worker, so that it is built once.
 SHARED_WORKER = {"tests/test_grading_trust.py": "tests/test_class_grading.py"}
 # The files whose fixtures grade for minutes start first, one per worker, and every other file
-# fills the time around them: started in the middle of the run (the largest files first, as
-# xdist orders them), either one ended it alone on one worker while the other sat idle.
+# fills the time around them: started in the middle of the run (xdist orders the files largest
+# first, and the class's come after test_launch's and test_scan's), one could end the run alone
+# on one worker while the other sat idle.
 FIRST = ("tests/test_course.py", "tests/test_class_grading.py")
 
 
-def scope_order(nodeids: list[str], scope_of) -> list[str]:
-    """`nodeids` with the scopes of FIRST first (in that order), then the others by their
-    number of tests, largest first; the tests of a scope keep their order."""
-    counts: dict[str, int] = {}
-    for nodeid in nodeids:
-        counts[scope_of(nodeid)] = counts.get(scope_of(nodeid), 0) + 1
-    first = {scope: i for i, scope in enumerate(FIRST)}
-    order = {scope: (first.get(scope, len(FIRST)), -n, i)
-             for i, (scope, n) in enumerate(counts.items())}
-    return sorted(nodeids, key=lambda nodeid: order[scope_of(nodeid)])
+def first_scopes_to_front(workqueue: OrderedDict) -> None:
+    """Move the scopes of FIRST to the front of xdist's queue of scopes, in FIRST's order."""
+    for scope in reversed(FIRST):
+        if scope in workqueue:
+            workqueue.move_to_end(scope, last=False)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -108,12 +105,8 @@ def pytest_xdist_make_scheduler(config, log):
             scope = super()._split_scope(nodeid)
             return SHARED_WORKER.get(scope, scope)
 
-        def schedule(self) -> None:
-            if self.collection is None and self.collection_is_completed:
-                for node, nodeids in self.registered_collections.items():
-                    self.registered_collections[node] = scope_order(list(nodeids),
-                                                                    self._split_scope)
-                self.config.option.loadscopereorder = False   # scope_order ordered them
-            super().schedule()
+        def _assign_work_unit(self, node) -> None:
+            first_scopes_to_front(self.workqueue)
+            super()._assign_work_unit(node)
 
     return ByFile(config, log)

@@ -496,17 +496,17 @@ def test_the_files_of_one_session_fixture_share_a_worker():
     assert users and {SHARED_WORKER.get(u, u) for u in users} == {users[0]}, users
 
 
-def test_the_long_fixtures_start_first_and_the_rest_largest_first():
+def test_the_long_fixtures_start_first_and_the_rest_keep_their_order():
     """conftest.FIRST names files that exist (a rename would quietly put them back in the
-    middle of the run), and the scheduler's order puts them first."""
-    from .conftest import FIRST, scope_order
+    middle of the run), and the scheduler moves them to the front of its queue."""
+    from collections import OrderedDict
+
+    from .conftest import FIRST, first_scopes_to_front
 
     assert all((PACKAGE_DIR.parent / name).is_file() for name in FIRST), FIRST
-    ids = ["tests/a.py::x", "tests/b.py::x", "tests/b.py::y", f"{FIRST[1]}::z",
-           f"{FIRST[0]}::w", "tests/b.py::z", "tests/c.py::x", "tests/c.py::y"]
-    assert scope_order(ids, lambda nodeid: nodeid.split("::")[0]) == [
-        f"{FIRST[0]}::w", f"{FIRST[1]}::z", "tests/b.py::x", "tests/b.py::y", "tests/b.py::z",
-        "tests/c.py::x", "tests/c.py::y", "tests/a.py::x"]
+    queue = OrderedDict((name, {}) for name in ("tests/b.py", FIRST[1], "tests/c.py", FIRST[0]))
+    first_scopes_to_front(queue)
+    assert list(queue) == [*FIRST, "tests/b.py", "tests/c.py"]
 
 
 def test_render_imports_nothing_from_dpmp_lab():
