@@ -119,7 +119,9 @@ def users_python(user: str, base: Path) -> str:
         if (Path(sys.prefix) / shared).exists():
             (env / shared).symlink_to(Path(sys.prefix) / shared)
     python = str(env / "bin" / "python")
-    sh(python, *check, user=user)
+    if sh(python, *check, user=user, check=False).returncode:
+        _unavailable(f"another account cannot read this checkout's packages ({purelib}): "
+                     "clone it where every account may enter, e.g. under /srv or /opt")
     return python
 
 
