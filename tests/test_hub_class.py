@@ -43,13 +43,10 @@ import pytest
 
 from dpmp_lab.instructor import nbgrader_plugin, sandbox
 
-from .conftest import ROOT, _proc_table
-from .notebook_sources import source_notebook
-from .test_browser import (
+from .browser_pages import (
     CHROMIUM_ARGS,
     KERNEL_READY,
     LAB_SETTINGS,
-    _unavailable,
     cell,
     chromium_path,
     descendants,
@@ -57,8 +54,11 @@ from .test_browser import (
     output,
     playwright_api,
     run,
+    unavailable,
     wait_for,
 )
+from .conftest import ROOT, _proc_table
+from .notebook_sources import source_notebook
 
 pytestmark = pytest.mark.slow
 
@@ -83,16 +83,16 @@ def sh(*cmd: str, user: str | None = None, check: bool = True, timeout: float = 
 
 def preconditions() -> None:
     if os.name != "posix" or os.geteuid() != 0:
-        _unavailable("the hub test makes system accounts: it runs as root")
+        unavailable("the hub test makes system accounts: it runs as root")
     for program in ("useradd", "userdel", "runuser"):
         if not shutil.which(program):
-            _unavailable(f"no {program} on this machine (the hub test makes accounts)")
+            unavailable(f"no {program} on this machine (the hub test makes accounts)")
     if not PROXY.exists():
-        _unavailable(f"no JupyterHub proxy at {PROXY}: `python3 bootstrap.py test` installs "
-                     "it with npm (apt-get install npm)")
+        unavailable(f"no JupyterHub proxy at {PROXY}: `python3 bootstrap.py test` installs "
+                    "it with npm (apt-get install npm)")
     why = sandbox.problem()
     if why:
-        _unavailable(f"`dpmp-lab grade` needs its sandbox: {why}")
+        unavailable(f"`dpmp-lab grade` needs its sandbox: {why}")
     chromium_path()
     playwright_api()
 
@@ -108,8 +108,8 @@ def users_python(user: str, base: Path) -> str:
         if os.access(candidate, os.X_OK):
             break
     else:
-        _unavailable(f"{sys.executable} cannot be run by other users and there is no system "
-                     f"{version}: install the checkout where every account can run it")
+        unavailable(f"{sys.executable} cannot be run by other users and there is no system "
+                    f"{version}: install the checkout where every account can run it")
     env = base / "venv"
     subprocess.run([candidate, "-m", "venv", "--without-pip", str(env)], check=True)
     purelib = sysconfig.get_paths()["purelib"]
@@ -120,8 +120,8 @@ def users_python(user: str, base: Path) -> str:
             (env / shared).symlink_to(Path(sys.prefix) / shared)
     python = str(env / "bin" / "python")
     if sh(python, *check, user=user, check=False).returncode:
-        _unavailable(f"another account cannot read this checkout's packages ({purelib}): "
-                     "clone it where every account may enter, e.g. under /srv or /opt")
+        unavailable(f"another account cannot read this checkout's packages ({purelib}): "
+                    "clone it where every account may enter, e.g. under /srv or /opt")
     return python
 
 
@@ -308,11 +308,11 @@ def hub_class() -> Iterator[tuple[Hub, Accounts]]:
         phase("the hub answers")
         yield hub, accounts
     finally:
-        if release is not None and release.poll() is None:
-            release.kill()
-            release.wait()
+        if release is not None:
+            stopped(release)
         if hub is not None:
             failures += [f"outlived the hub: {p}" for p in hub.stop()]
+            phase("the hub stopped")
         failures += [f"outlived the hub, run by a test account: {p}" for p in accounts.remove()]
         shutil.rmtree(base, ignore_errors=True)
         phase("everything stopped and removed")
@@ -331,6 +331,13 @@ def as_instructor(hub: Hub, accounts: Accounts, *args: str,
     proc = subprocess.Popen(argv, cwd=hub.course, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     return finished(proc, f"nbgrader {' '.join(args)}") if wait else proc
+
+
+def stopped(proc: subprocess.Popen) -> None:
+    """Whatever happened, the process is gone."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.communicate()
 
 
 def finished(proc: subprocess.Popen, what: str, timeout: float = 120) -> None:
@@ -390,14 +397,17 @@ def learner_session(pages, hub: Hub, accounts: Accounts, ada: str, ada_home: Pat
     expect = playwright_api().expect
     page = pages[0]
     released = as_instructor(hub, accounts, "release_assignment", NAME, wait=False)
-    base = log_in(page, hub, ada)
-    phase("ada logged in, her server started")
+    try:
+        base = log_in(page, hub, ada)
+        phase("ada logged in, her server started")
+        finished(released, "nbgrader release_assignment")
+    finally:
+        stopped(released)
     server = wait_for(lambda: [pid for pid, (_, cmd) in descendants(hub.proc.pid).items()
                                if "jupyterhub.singleuser" in cmd], 30, "no server for ada")
     environ = Path(f"/proc/{server[0]}/environ").read_bytes().split(b"\0")
     assert b"CUDA_VISIBLE_DEVICES=1" in environ   # the round-robin: the instructor has GPU 0
 
-    finished(released, "nbgrader release_assignment")
     open_assignment_list(page)
     listed = page.locator("#released_assignments_list")
     expect(listed).to_contain_text(NAME)
@@ -462,9 +472,7 @@ def instructor_grades(page, hub: Hub, accounts: Accounts, ada: str) -> None:
         phase("the instructor's formgrader lists the course's 00_launch")
         out, _ = grading.communicate(timeout=240)
     finally:
-        if grading.poll() is None:
-            grading.kill()
-            grading.wait()
+        stopped(grading)
     assert grading.returncode == 0 and ada in out and "NOT GRADED" not in out, out
     phase("graded (dpmp-lab grade, sandboxed)")
     sh("chown", "-R", f"{accounts.instructor}:{accounts.instructor}", str(hub.course))
