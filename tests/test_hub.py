@@ -8,6 +8,7 @@ import json
 import os
 import pwd
 import runpy
+import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -134,3 +135,34 @@ def test_the_config_file_sets_up_the_hub_and_says_when_the_proxy_is_missing(
     c = Config()
     hub.configure(c, settings(tmp_path), proxy=Path(sys.executable))
     assert c.JupyterHub.authenticator_class == "pam"     # system accounts without a password
+
+
+def test_the_hub_refuses_to_start_without_its_settings_and_says_which(tmp_path):
+    """jupyterhub itself, with the deployment's config and no DPMP_LAB_HUB_COURSE: it exits
+    at once with the reason, and makes no state."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DPMP_LAB_HUB_")}
+    env["DPMP_LAB_HUB_STATE"] = str(tmp_path / "state")
+    done = subprocess.run([str(Path(sys.executable).parent / "jupyterhub"), "-f",
+                           str(ROOT / "deploy" / "jupyterhub_config.py"), "--port=0"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "DPMP_LAB_HUB_COURSE is not set" in done.stdout + done.stderr
+    assert not (tmp_path / "state").exists() and not (tmp_path / "jupyterhub.sqlite").exists()
+
+
+def test_the_server_gpus_are_what_nvidia_smi_lists(tmp_path, monkeypatch):
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H200 (UUID: a)'\n"
+                    "echo 'GPU 1: NVIDIA H200 (UUID: b)'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert hub.server_gpus() == ("0", "1")
+    fake.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2\nexit 9\n")
+    assert hub.server_gpus() == ()
+
+    def hangs(*args, **kwargs):
+        raise subprocess.TimeoutExpired(args[0], 30)
+
+    monkeypatch.setattr(hub.subprocess, "run", hangs)
+    with pytest.raises(HubConfigError, match="did not answer in 30 s: name the GPUs"):
+        hub.server_gpus()

@@ -66,7 +66,11 @@ def server_gpus() -> tuple[str, ...]:
     """The GPUs of this server, by `nvidia-smi -L` (none without it)."""
     if not shutil.which("nvidia-smi"):
         return ()
-    done = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    try:
+        done = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired as hung:
+        raise HubConfigError(f"`nvidia-smi -L` did not answer in 30 s: name the GPUs in "
+                             f"{PREFIX}GPUS") from hung
     count = sum(line.startswith("GPU ") for line in done.stdout.splitlines())
     return tuple(str(i) for i in range(count)) if done.returncode == 0 else ()
 
