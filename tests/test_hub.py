@@ -96,6 +96,7 @@ def test_learners_get_the_assignment_list_and_instructors_formgrader(tmp_path):
                    {"get_config": lambda: loaded, "load_subconfig": lambda path: None})
     assert loaded.CourseDirectory.root == str(s.course)
     assert loaded.CourseDirectory.course_id == "dpmp_lab"
+    assert loaded.ExchangeFactory.collect == "dpmp_lab.instructor.exchange.OwnerCheckedCollect"
     assert oct(s.state.stat().st_mode & 0o777) == "0o711"     # crossed, never listed
     assert (learner / "nbgrader_config.py").stat().st_mode & 0o004
 

@@ -6,7 +6,8 @@ As root, the test makes an instructor and two learner accounts, the instructor's
 Then, in headless Chromium, learner A logs in, fetches 00_launch from the Assignment List,
 runs a launch cell and submits; the instructor collects, grades with `dpmp-lab grade`
 (sandboxed) and releases feedback; A fetches the feedback, which holds no hidden test.
-Learner B can read neither A's submission nor A's home nor the instructor's course.
+Learner B can read neither A's submission nor A's home nor the instructor's course, and a
+submission B hands in under A's name is left out by the instructor's collect.
 
 Everything it starts it stops (the hub, its proxy, every single-user server, the users'
 processes), and it removes the accounts and their homes, on failure too. It needs root,
@@ -320,7 +321,7 @@ def hub_class() -> Iterator[tuple[Hub, Accounts]]:
 
 
 def as_instructor(hub: Hub, accounts: Accounts, *args: str,
-                  wait: bool = True) -> subprocess.Popen | None:
+                  wait: bool = True) -> subprocess.Popen | str:
     """An nbgrader command as the instructor, in the course root, with the instructor's
     config (the one their server gets); started only, with wait=False."""
     env = dict(hub.env, HOME=pwd.getpwnam(accounts.instructor).pw_dir,
@@ -340,7 +341,7 @@ def stopped(proc: subprocess.Popen) -> None:
     proc.communicate()
 
 
-def finished(proc: subprocess.Popen, what: str, timeout: float = 120) -> None:
+def finished(proc: subprocess.Popen, what: str, timeout: float = 120) -> str:
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired as late:
@@ -348,6 +349,7 @@ def finished(proc: subprocess.Popen, what: str, timeout: float = 120) -> None:
         out, _ = proc.communicate()
         raise AssertionError(f"{what}: still running after {timeout} s:\n{out[-3000:]}") from late
     assert proc.returncode == 0, f"{what} failed ({proc.returncode}):\n{out[-3000:]}"
+    return out
 
 
 def test_a_class_on_the_hub(hub_class):
@@ -389,7 +391,8 @@ def nbgrader_menu(page) -> str:
 
 def open_assignment_list(page):
     menu = nbgrader_menu(page)
-    assert "Assignment List" in menu and "Formgrader" not in menu, menu
+    assert "Assignment List" in menu, menu
+    assert "Formgrader" not in menu and "Course List" not in menu, menu
     page.get_by_text("Assignment List", exact=True).click()
 
 
@@ -451,12 +454,30 @@ def learner_session(pages, hub: Hub, accounts: Accounts, ada: str, ada_home: Pat
     assert len(hidden) > 10 and [line for line in hidden if line in text] == []
 
 
+def forge(hub: Hub, bob: str, ada: str) -> str:
+    """Bob hands in a notebook under ada's name, newer than hers. The folder's name."""
+    nb = nbformat.read(ROOT / "course" / NAME / f"{NAME}.ipynb", as_version=4)
+    nb.cells.append(nbformat.v4.new_markdown_cell("FORGED BY BOB"))
+    forged = hub.course.parent / "forged.ipynb"
+    nbformat.write(nb, forged)
+    forged.chmod(0o644)
+    name = f"{ada}+{NAME}+2099-01-01 00:00:00.000000 UTC+forged"
+    folder = hub.exchange / "dpmp_lab" / "inbound" / name
+    sh("sh", "-c", 'mkdir "$1" && cp "$2" "$1/$3" && echo "$4" > "$1/timestamp.txt"', "forge",
+       str(folder), str(forged), f"{NAME}.ipynb", "2099-01-01 00:00:00.000000 UTC", user=bob)
+    return name
+
+
 def instructor_grades(page, hub: Hub, accounts: Accounts, ada: str) -> None:
-    """Collect and grade from the command line; while the grader runs, the instructor's own
-    JupyterLab shows formgrader on the course."""
-    as_instructor(hub, accounts, "collect", NAME)
-    assert (hub.course / "submitted" / ada / NAME / f"{NAME}.ipynb").is_file()
-    phase("collected")
+    """Collect (past a submission forged in ada's name) and grade from the command line;
+    while the grader runs, the instructor's own JupyterLab shows formgrader on the course."""
+    forged = forge(hub, accounts.learners[1], ada)
+    collected = as_instructor(hub, accounts, "collect", NAME)
+    assert f"not collected: {forged} names {ada} but was handed in by" in collected, collected
+    handed = (hub.course / "submitted" / ada / NAME / f"{NAME}.ipynb").read_text()
+    assert "FORGED BY BOB" not in handed and "I am rank 3 of 4" in handed
+    assert sorted(p.name for p in (hub.course / "submitted").iterdir()) == [ada]
+    phase("collected, a forgery left out")
     env = dict(os.environ, PATH=f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}")
     grading = subprocess.Popen([str(VENV_BIN / "dpmp-lab"), "grade", NAME, "--root",
                                 str(hub.course), "--timeout", "240"],
@@ -483,7 +504,8 @@ def instructor_grades(page, hub: Hub, accounts: Accounts, ada: str) -> None:
 def others_cannot_read(hub: Hub, accounts: Accounts, ada_home: Path) -> None:
     _, bob = accounts.learners
     inbound = hub.exchange / "dpmp_lab" / "inbound"
-    [submission] = [p for p in inbound.iterdir() if p.name.startswith(accounts.learners[0])]
+    [submission] = [p for p in inbound.iterdir() if p.name.startswith(accounts.learners[0])
+                    and not p.name.endswith("+forged")]
     for target in (inbound, submission / f"{NAME}.ipynb", ada_home / NAME / f"{NAME}.ipynb",
                    hub.course / "solutions" / NAME / f"{NAME}.ipynb",
                    hub.course / "gradebook.db"):

@@ -8,7 +8,8 @@ learners may share a GPU), in a home only they can read, with nbgrader's Assignm
 Validate button and nothing of the instructor's (no formgrader, no course list, no
 create-assignment). The instructors' servers open the course root with formgrader. Both
 share one nbgrader exchange; learners submit through `exchange.PrivateSubmit`, so a
-submission is readable by its learner and the graders' group only.
+submission is readable by its learner and the graders' group only, and instructors collect
+through `exchange.OwnerCheckedCollect`, so no learner hands in under another's name.
 
 The settings come from DPMP_LAB_HUB_* environment variables (`HubSettings.from_env`), checked
 before the hub starts: bad input is one clear error, never a hub that half works. Nothing here
@@ -40,6 +41,7 @@ LEARNER_SERVER_OFF = ("nbgrader.server_extensions.formgrader",
 LEARNER_LAB_OFF = ("@jupyter/nbgrader:formgrader", "@jupyter/nbgrader:course-list",
                    "@jupyter/nbgrader:create-assignment")
 PRIVATE_SUBMIT = "dpmp_lab.instructor.exchange.PrivateSubmit"
+OWNER_CHECKED_COLLECT = "dpmp_lab.instructor.exchange.OwnerCheckedCollect"
 
 
 class HubConfigError(ValueError):
@@ -189,6 +191,7 @@ def nbgrader_config(settings: HubSettings, role: str) -> str:
         lines.append(f"c.ExchangeFactory.submit = {PRIVATE_SUBMIT!r}")
     else:
         lines += [f"c.CourseDirectory.root = {str(settings.course)!r}",
+                  f"c.ExchangeFactory.collect = {OWNER_CHECKED_COLLECT!r}",
                   f"load_subconfig({str(settings.course / 'nbgrader_config.py')!r})  # noqa: F821"]
     return "\n".join(lines) + "\n"
 
