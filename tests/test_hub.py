@@ -98,6 +98,7 @@ def test_learners_get_the_assignment_list_and_instructors_formgrader(tmp_path):
     assert loaded.CourseDirectory.course_id == "dpmp_lab"
     assert loaded.ExchangeFactory.collect == "dpmp_lab.instructor.exchange.OwnerCheckedCollect"
     assert oct(s.state.stat().st_mode & 0o777) == "0o711"     # crossed, never listed
+    assert oct(s.private.stat().st_mode & 0o777) == "0o700"   # the hub's database, secret
     assert (learner / "nbgrader_config.py").stat().st_mode & 0o004
 
 
@@ -131,6 +132,8 @@ def test_the_config_file_sets_up_the_hub_and_says_when_the_proxy_is_missing(
         assert c.Spawner.cmd == [sys.executable, "-m", "jupyterhub.singleuser"]
         assert c.ConfigurableHTTPProxy.command == [str(proxy)]
         assert callable(c.Spawner.pre_spawn_hook)
+        assert c.JupyterHub.db_url == f"sqlite:///{s.state / 'hub' / 'jupyterhub.sqlite'}"
+        assert Path(c.JupyterHub.cookie_secret_file).parent == s.private
     with pytest.raises(HubConfigError, match="npm ci --prefix"):
         hub.configure(Config(), s, proxy=tmp_path / "node_modules" / ".bin" / "chp")
     c = Config()

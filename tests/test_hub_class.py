@@ -37,6 +37,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import nbformat
@@ -200,6 +201,7 @@ class Hub:
             cwd=base, env=self.env, stdout=self.log, stderr=subprocess.STDOUT,
             start_new_session=True)
         self.started: dict[int, tuple[int, str]] = {}
+        self.course_release: subprocess.Popen | None = None
 
     def ready(self) -> bool:
         if self.proc.poll() is not None:
@@ -303,8 +305,7 @@ def hub_class() -> Iterator[tuple[Hub, Accounts]]:
                 path.write_text(text)
             sh("chown", "-R", f"{learner}:{learner}", str(home / ".jupyter"))
         hub = Hub(base, accounts, python)
-        finish_course(release, base / "course", base / "exchange", accounts.instructor)
-        phase("00_launch released into the course's gradebook")
+        hub.course_release = release   # it finishes while ada logs in
         wait_for(hub.ready, 60, f"the hub did not answer; see {hub.log_path}")
         phase("the hub answers")
         yield hub, accounts
@@ -332,6 +333,13 @@ def as_instructor(hub: Hub, accounts: Accounts, *args: str,
     proc = subprocess.Popen(argv, cwd=hub.course, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     return finished(proc, f"nbgrader {' '.join(args)}") if wait else proc
+
+
+def release_assignment(hub: Hub, accounts: Accounts) -> None:
+    """The course's 00_launch (recorded in its gradebook while the hub started), then the
+    instructor's release of it into the exchange."""
+    finish_course(hub.course_release, hub.course, hub.exchange, accounts.instructor)
+    as_instructor(hub, accounts, "release_assignment", NAME)
 
 
 def stopped(proc: subprocess.Popen) -> None:
@@ -399,13 +407,12 @@ def open_assignment_list(page):
 def learner_session(pages, hub: Hub, accounts: Accounts, ada: str, ada_home: Path) -> None:
     expect = playwright_api().expect
     page = pages[0]
-    released = as_instructor(hub, accounts, "release_assignment", NAME, wait=False)
-    try:
+    with ThreadPoolExecutor(1) as pool:   # leaves only when the release is done, or failed
+        released = pool.submit(release_assignment, hub, accounts)
         base = log_in(page, hub, ada)
         phase("ada logged in, her server started")
-        finished(released, "nbgrader release_assignment")
-    finally:
-        stopped(released)
+        released.result(timeout=240)
+        phase("00_launch released to the class")
     server = wait_for(lambda: [pid for pid, (_, cmd) in descendants(hub.proc.pid).items()
                                if "jupyterhub.singleuser" in cmd], 30, "no server for ada")
     environ = Path(f"/proc/{server[0]}/environ").read_bytes().split(b"\0")
@@ -418,7 +425,7 @@ def learner_session(pages, hub: Hub, accounts: Accounts, ada: str, ada_home: Pat
     expect(page.locator("#fetched_assignments_list")).to_contain_text(NAME)
     assert (ada_home / NAME / f"{NAME}.ipynb").is_file()
     page.screenshot(path=str(ARTIFACTS / "01_fetched.png"))
-    phase("released, fetched")
+    phase("fetched")
 
     page.goto(f"{base}/lab/tree/{NAME}/{NAME}.ipynb")
     page.wait_for_function(KERNEL_READY, timeout=120_000)
@@ -508,7 +515,7 @@ def others_cannot_read(hub: Hub, accounts: Accounts, ada_home: Path) -> None:
                     and not p.name.endswith("+forged")]
     for target in (inbound, submission / f"{NAME}.ipynb", ada_home / NAME / f"{NAME}.ipynb",
                    hub.course / "solutions" / NAME / f"{NAME}.ipynb",
-                   hub.course / "gradebook.db"):
+                   hub.course / "gradebook.db", hub.state / "hub" / "jupyterhub.sqlite"):
         reading = ["ls", str(target)] if target.is_dir() else ["cat", str(target)]
         done = sh(*reading, user=bob, check=False)
         assert done.returncode != 0 and "Permission denied" in done.stderr, (target, done)

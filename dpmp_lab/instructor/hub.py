@@ -180,6 +180,11 @@ class HubSettings:
     def config_dir(self, role: str) -> Path:
         return self.state / "jupyter-config" / role
 
+    @property
+    def private(self) -> Path:
+        """The hub's own files (database, cookie secret, proxy pid): root's alone."""
+        return self.state / "hub"
+
 
 def nbgrader_config(settings: HubSettings, role: str) -> str:
     """The nbgrader_config.py of a role: the course and its exchange; the instructor's also
@@ -198,9 +203,12 @@ def nbgrader_config(settings: HubSettings, role: str) -> str:
 
 def write_role_configs(settings: HubSettings) -> dict[str, Path]:
     """Write each role's Jupyter config folder (JUPYTER_CONFIG_PATH of its servers), readable
-    by all; the state folder above it can be crossed but not listed."""
+    by all, and make the hub's private folder beside them; the state folder above both can
+    be crossed but not listed."""
     settings.state.mkdir(parents=True, exist_ok=True)
     settings.state.chmod(0o711)
+    settings.private.mkdir(exist_ok=True)
+    settings.private.chmod(0o700)
     made = {}
     for role in ("learner", "instructor"):
         folder = settings.config_dir(role)
@@ -252,10 +260,10 @@ def configure(c: Any, settings: HubSettings, proxy: Path) -> None:
         c.SharedPasswordAuthenticator.user_password = settings.password
     c.Authenticator.allowed_users = set(settings.users)
     c.JupyterHub.spawner_class = "localprocess"
-    c.JupyterHub.db_url = f"sqlite:///{settings.state / 'jupyterhub.sqlite'}"
-    c.JupyterHub.cookie_secret_file = str(settings.state / "jupyterhub_cookie_secret")
+    c.JupyterHub.db_url = f"sqlite:///{settings.private / 'jupyterhub.sqlite'}"
+    c.JupyterHub.cookie_secret_file = str(settings.private / "jupyterhub_cookie_secret")
     c.ConfigurableHTTPProxy.command = [str(proxy)]
-    c.ConfigurableHTTPProxy.pid_file = str(settings.state / "proxy.pid")
+    c.ConfigurableHTTPProxy.pid_file = str(settings.private / "proxy.pid")
     c.Spawner.cmd = [settings.python, "-m", "jupyterhub.singleuser"]
     c.Spawner.default_url = "/lab"
     c.Spawner.start_timeout = 120
