@@ -102,6 +102,22 @@ def test_learners_get_the_assignment_list_and_instructors_formgrader(tmp_path):
     assert (learner / "nbgrader_config.py").stat().st_mode & 0o004
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="the exchange's folders are given to an account")
+def test_the_exchange_is_sticky_and_its_course_folder_the_instructors(tmp_path):
+    me = pwd.getpwuid(os.getuid()).pw_name
+    s = settings(tmp_path, instructors=(me,))
+    course = hub.prepare_exchange(s)
+    assert oct(s.exchange.stat().st_mode & 0o7777) == "0o1777"
+    assert course == s.exchange / "dpmp_lab" and course.stat().st_uid == os.getuid()
+    assert oct(course.stat().st_mode & 0o777) == "0o755"
+    assert hub.prepare_exchange(s) == course          # again: nothing changes
+    os.chown(course, 54321, 54321)                    # made by someone else first
+    with pytest.raises(HubConfigError, match="belongs to uid 54321, not to the instructor"):
+        hub.prepare_exchange(s)
+    with pytest.raises(HubConfigError, match="no account 'nosuchteacher' on this server"):
+        hub.prepare_exchange(settings(tmp_path, instructors=("nosuchteacher",)))
+
+
 def test_pre_spawn_sets_gpus_config_and_folder_by_role(tmp_path):
     me = pwd.getpwuid(os.getuid()).pw_name
     s = settings(tmp_path, instructors=(me,), learners=("ada",), gpus=("0", "1"))
@@ -117,8 +133,9 @@ def test_pre_spawn_sets_gpus_config_and_folder_by_role(tmp_path):
 
 def test_the_config_file_sets_up_the_hub_and_says_when_the_proxy_is_missing(
         tmp_path, monkeypatch):
-    s = settings(tmp_path, password="a-test-password")
-    for key, value in {"COURSE": s.course, "INSTRUCTORS": "teach", "LEARNERS": "ada bob",
+    me = pwd.getpwuid(os.getuid()).pw_name
+    s = settings(tmp_path, password="a-test-password", instructors=(me,))
+    for key, value in {"COURSE": s.course, "INSTRUCTORS": me, "LEARNERS": "ada bob",
                        "STATE": s.state, "EXCHANGE": s.exchange, "GPUS": "0",
                        "PASSWORD": s.password}.items():
         monkeypatch.setenv(f"DPMP_LAB_HUB_{key}", str(value))
@@ -128,7 +145,7 @@ def test_the_config_file_sets_up_the_hub_and_says_when_the_proxy_is_missing(
     if proxy.exists():
         runpy.run_path(str(config_file), {"get_config": lambda: c})
         assert c.JupyterHub.authenticator_class == "shared-password"
-        assert c.Authenticator.allowed_users == {"teach", "ada", "bob"}
+        assert c.Authenticator.allowed_users == {me, "ada", "bob"}
         assert c.Spawner.cmd == [sys.executable, "-m", "jupyterhub.singleuser"]
         assert c.ConfigurableHTTPProxy.command == [str(proxy)]
         assert callable(c.Spawner.pre_spawn_hook)
@@ -137,7 +154,7 @@ def test_the_config_file_sets_up_the_hub_and_says_when_the_proxy_is_missing(
     with pytest.raises(HubConfigError, match="npm ci --prefix"):
         hub.configure(Config(), s, proxy=tmp_path / "node_modules" / ".bin" / "chp")
     c = Config()
-    hub.configure(c, settings(tmp_path), proxy=Path(sys.executable))
+    hub.configure(c, settings(tmp_path, instructors=(me,)), proxy=Path(sys.executable))
     assert c.JupyterHub.authenticator_class == "pam"     # system accounts without a password
 
 

@@ -269,14 +269,11 @@ def start_course(course: Path) -> subprocess.Popen:
         env=dict(os.environ, PATH=f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}"))
 
 
-def finish_course(release: subprocess.Popen, course: Path, exchange: Path,
-                  instructor: str) -> None:
-    """The course root private to the instructor, who also owns the exchange."""
+def finish_course(release: subprocess.Popen, course: Path, instructor: str) -> None:
+    """The course root, private to the instructor (the hub made the exchange)."""
     out, _ = release.communicate(timeout=180)
     assert release.returncode == 0, out
-    exchange.mkdir()
-    for path in (course, exchange):
-        sh("chown", "-R", f"{instructor}:{instructor}", str(path))
+    sh("chown", "-R", f"{instructor}:{instructor}", str(course))
     course.chmod(0o700)
 
 
@@ -338,7 +335,7 @@ def as_instructor(hub: Hub, accounts: Accounts, *args: str,
 def release_assignment(hub: Hub, accounts: Accounts) -> None:
     """The course's 00_launch (recorded in its gradebook while the hub started), then the
     instructor's release of it into the exchange."""
-    finish_course(hub.course_release, hub.course, hub.exchange, accounts.instructor)
+    finish_course(hub.course_release, hub.course, accounts.instructor)
     as_instructor(hub, accounts, "release_assignment", NAME)
 
 
@@ -519,3 +516,6 @@ def others_cannot_read(hub: Hub, accounts: Accounts, ada_home: Path) -> None:
         reading = ["ls", str(target)] if target.is_dir() else ["cat", str(target)]
         done = sh(*reading, user=bob, check=False)
         assert done.returncode != 0 and "Permission denied" in done.stderr, (target, done)
+    course = hub.exchange / "dpmp_lab"   # nor put a course of his own in its place
+    done = sh("mv", str(course), f"{course}-gone", user=bob, check=False)
+    assert done.returncode != 0 and "Operation not permitted" in done.stderr, done

@@ -231,6 +231,29 @@ def write_role_configs(settings: HubSettings) -> dict[str, Path]:
     return made
 
 
+def prepare_exchange(settings: HubSettings) -> Path:
+    """The exchange root, writable by all but sticky (nbgrader sets 777 and keeps a sticky
+    bit: without it any learner could rename the course's folder and put one of their own in
+    its place), and the course's folder in it, made now and owned by the first instructor,
+    so that no learner makes it first. The course's folder."""
+    instructor = settings.instructors[0]
+    try:
+        account = pwd.getpwnam(instructor)
+    except KeyError:
+        raise HubConfigError(f"{PREFIX}INSTRUCTORS: no account {instructor!r} on this "
+                             "server") from None
+    settings.exchange.mkdir(parents=True, exist_ok=True)
+    settings.exchange.chmod(0o1777)
+    course = settings.exchange / COURSE_ID
+    if not course.exists():
+        course.mkdir(mode=0o755)
+        os.chown(course, account.pw_uid, account.pw_gid)
+    if course.stat().st_uid != account.pw_uid:
+        raise HubConfigError(f"{course} belongs to uid {course.stat().st_uid}, not to the "
+                             f"instructor {instructor}: remove it (a learner may have made it)")
+    return course
+
+
 def pre_spawn(settings: HubSettings, spawner: Any) -> None:
     """Before a user's server starts: their GPUs, their role's config, their folder (the
     course root for an instructor, for a learner their home, made private)."""
@@ -255,6 +278,7 @@ def configure(c: Any, settings: HubSettings, proxy: Path) -> None:
         raise HubConfigError(f"no proxy at {proxy}: install it with `npm ci --prefix "
                              f"{proxy.parents[2]}` (python3 bootstrap.py hub does)")
     write_role_configs(settings)
+    prepare_exchange(settings)
     c.JupyterHub.authenticator_class = "shared-password" if settings.password else "pam"
     if settings.password:
         c.SharedPasswordAuthenticator.user_password = settings.password
