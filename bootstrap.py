@@ -4,6 +4,8 @@
     python3 bootstrap.py course     # JupyterLab on the course (extra args go to jupyter lab)
     python3 bootstrap.py test       # ruff, pycodestyle, then the whole pytest suite (extra args
                                     # go to pytest)
+    python3 bootstrap.py hub        # JupyterHub for a class (deploy/jupyterhub_config.py; extra
+                                    # args go to jupyterhub)
 
 Both create .venv/ beside this file on first use and install the project into it; later runs
 reuse it and reinstall only when pyproject.toml or constraints.txt changed.
@@ -11,14 +13,18 @@ reuse it and reinstall only when pyproject.toml or constraints.txt changed.
 torch: a torch already in .venv is kept. Otherwise the tests, and the course on a machine
 without an NVIDIA GPU, get the CPU build pinned in constraints.txt; the course on a machine
 with an NVIDIA GPU gets the same torch version from PyPI, whose Linux wheel is the CUDA build.
-The course installs pyproject's `course` and `instructor` extras, the tests `dev` (all of it).
+The course installs pyproject's `course` and `instructor` extras, the hub `hub` (both and
+jupyterhub), the tests `dev` (all of it). The hub and the tests also need JupyterHub's proxy,
+configurable-http-proxy, which `npm ci` installs into deploy/node_modules from
+deploy/package-lock.json.
 Only the Python standard library is used here, so this runs on a fresh machine with nothing
 but python3.
 
 The browser test (tests/test_browser.py) needs a system Chromium, and the grading tests need
-bubblewrap (the sandbox every submission is graded in). Only under CI (CI=true) and as root
-does `test` install Debian's chromium and bubblewrap with apt-get when they are missing; a
-learner's machine never gets an apt-get call (there those tests skip and say why).
+bubblewrap (the sandbox every submission is graded in); the hub test also needs npm. Only
+under CI (CI=true) and as root does `test` install Debian's chromium, bubblewrap and npm with
+apt-get when they are missing; a learner's machine never gets an apt-get call (there those
+tests skip and say why).
 """
 
 from __future__ import annotations
@@ -44,8 +50,10 @@ PYCODESTYLE_IGNORE = "E121,E123,E126,E226,E24,E704,W503,W504,E501,E731,E741"
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")  # what tests/test_browser.py finds
 # pyproject's extras each command installs: a learner's (and an instructor's) course needs no
 # test tools; the tests need everything ("dev" holds course and instructor)
-EXTRAS = {"course": ("course", "instructor"), "test": ("dev",)}
-HOLDS = {"dev": {"dev", "course", "instructor"}}
+EXTRAS = {"course": ("course", "instructor"), "hub": ("hub",), "test": ("dev",)}
+HOLDS = {"dev": {"dev", "course", "instructor", "hub"}, "hub": {"hub", "course", "instructor"}}
+DEPLOY = ROOT / "deploy"
+PROXY = DEPLOY / "node_modules" / ".bin" / "configurable-http-proxy"
 
 
 def say(text: str) -> None:
@@ -149,15 +157,33 @@ def ensure_ci_packages() -> None:
     if not shutil.which("apt-get"):
         return
     wanted = ([] if any(shutil.which(name) for name in BROWSERS) else ["chromium"]) + (
-        [] if shutil.which("bwrap") else ["bubblewrap"])
+        [] if shutil.which("bwrap") else ["bubblewrap"]) + (
+        [] if shutil.which("npm") else ["npm"])
     if not wanted:
         return
     say(f"CI: installing Debian's {' and '.join(wanted)} (the browser test, the grading "
-        "sandbox)")
+        "sandbox, the hub's proxy)")
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     for cmd in (["apt-get", "update"], ["apt-get", "install", "-y", *wanted]):
         if subprocess.run(cmd, env=env).returncode:
             sys.exit(f"[bootstrap] `{' '.join(cmd)}` failed: the tests need {', '.join(wanted)}")
+
+
+def ensure_proxy(required: bool) -> None:
+    """JupyterHub's proxy in deploy/node_modules, as deploy/package-lock.json pins it (`npm
+    ci`), when it is missing; without npm the hub cannot start (`hub`) and its test skips."""
+    if PROXY.exists():
+        return
+    if not shutil.which("npm"):
+        if required:
+            sys.exit("[bootstrap] npm is needed for JupyterHub's proxy (Debian or Ubuntu: "
+                     "apt-get install npm)")
+        say("no npm here: the JupyterHub test will skip (apt-get install npm)")
+        return
+    say("installing JupyterHub's proxy (configurable-http-proxy) into deploy/node_modules")
+    cmd = ["npm", "ci", "--no-audit", "--no-fund", "--prefix", str(DEPLOY)]
+    if subprocess.run(cmd, cwd=DEPLOY).returncode and required:
+        sys.exit("[bootstrap] `npm ci` failed in deploy/ (see npm's message above)")
 
 
 def run(cmd: list[str]) -> int:
@@ -165,7 +191,7 @@ def run(cmd: list[str]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("course", "test"):
+    if not argv or argv[0] not in EXTRAS:
         print(__doc__)
         return 2
     purpose, rest = argv[0], argv[1:]
@@ -177,7 +203,15 @@ def main(argv: list[str]) -> int:
             os.chdir(ROOT)
             os.execv(cmd[0], cmd)
         return run(cmd)
+    if purpose == "hub":
+        ensure_proxy(required=True)
+        say("starting JupyterHub (deploy/jupyterhub_config.py; Ctrl-C to stop)")
+        jupyterhub = str(python.parent / "jupyterhub")
+        cmd = [jupyterhub, "-f", str(DEPLOY / "jupyterhub_config.py"), *rest]
+        os.chdir(ROOT)
+        os.execv(cmd[0], cmd)
     ensure_ci_packages()
+    ensure_proxy(required=False)
     say("ruff")
     code = run([str(python), "-m", "ruff", "check", *LINTED])
     if code:

@@ -4,6 +4,7 @@ installs, and environment.yml saying the same as constraints.txt and pyproject.t
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 
 import pytest
@@ -60,3 +61,27 @@ def test_environment_yml_pins_the_tested_torch_as_the_cpu_build_with_existing_ex
     assert bootstrap.CPU_INDEX in text
     [named] = re.findall(r"-e \.\[([\w,]+)\]", text)
     assert set(named.split(",")) <= set(extras())
+
+
+def test_the_hub_installs_jupyterhub_with_the_course_and_the_pinned_proxy(bootstrap):
+    have = extras()
+    [itself] = [r for r in have["hub"] if r.startswith("dpmp_lab[")]
+    assert set(itself.removeprefix("dpmp_lab[").removesuffix("]").split(",")) == (
+        bootstrap.HOLDS["hub"] - {"hub"})
+    assert "jupyterhub" in have["hub"]
+    assert re.search(r"^jupyterhub==\d", (ROOT / "constraints.txt").read_text(), re.M)
+    wanted = json.loads((ROOT / "deploy" / "package.json").read_text())["dependencies"]
+    lock = json.loads((ROOT / "deploy" / "package-lock.json").read_text())
+    pinned = lock["packages"]["node_modules/configurable-http-proxy"]["version"]
+    assert wanted == {"configurable-http-proxy": pinned}
+    assert bootstrap.PROXY.relative_to(ROOT).parts[:2] == ("deploy", "node_modules")
+
+
+def test_without_npm_the_hub_stops_with_how_to_get_it_and_the_tests_go_on(
+        bootstrap, monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(bootstrap, "PROXY", tmp_path / "no-proxy")
+    monkeypatch.setattr(bootstrap.shutil, "which", lambda name: None)
+    with pytest.raises(SystemExit, match="apt-get install npm"):
+        bootstrap.ensure_proxy(required=True)
+    bootstrap.ensure_proxy(required=False)
+    assert "the JupyterHub test will skip" in capsys.readouterr().out

@@ -12,8 +12,9 @@ Playwright, in the order a learner works through 00_launch:
      fetches and submits it from the Assignment List, the instructor collects it.
 
 Screenshots of each step are kept in test-artifacts/browser/, with the server's log.
-Chromium comes from the system (Debian's `chromium` package), never from a Playwright download.
-Without it the test skips on a learner's machine and fails under CI (CI=true).
+Chromium comes from the system (Debian's `chromium` package), never from a Playwright download
+(tests/browser_pages.py). Without it the test skips on a learner's machine and fails under CI
+(CI=true).
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -35,25 +35,28 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from .browser_pages import (
+    CHROMIUM_ARGS,
+    DONE,
+    KERNEL_READY,
+    LAB_SETTINGS,
+    RUNNING,
+    cell,
+    chromium_path,
+    descendants,
+    free_port,
+    output,
+    playwright_api,
+    prompt,
+    run,
+    wait_for,
+)
 from .conftest import ROOT, _proc_table
 
 pytestmark = pytest.mark.slow
 
 ARTIFACTS = ROOT / "test-artifacts" / "browser"
 NOTEBOOK = "00_launch/00_launch.ipynb"
-BROWSERS = ("chromium", "chromium-browser", "google-chrome")
-CHROMIUM_ARGS = [  # without the network flags Chromium keeps dialling out on a closed network
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]
-# JupyterLab settings for a quiet, deterministic page: no news pop-up over the cells, every cell
-# in the DOM (no windowing), and nothing saved unless the learner saves.
-LAB_SETTINGS = {
-    "@jupyterlab/apputils-extension/notification": {"fetchNews": "false",
-                                                    "checkForUpdates": False},
-    "@jupyterlab/notebook-extension/tracker": {"windowingMode": "none"},
-    "@jupyterlab/docmanager-extension/plugin": {"autosave": False},
-}
 HUNG_CELL = '''\
 def rank_one_never_joins():
     t = torch.ones(1)
@@ -65,54 +68,9 @@ def rank_one_never_joins():
     return t.item()
 
 dl.launch(rank_one_never_joins, world_size=2, timeout=600, pg_timeout=600)'''
-# A cell run before the kernel is attached is silently not run, so wait for that first.
-KERNEL_READY = """() => {
-    const kernel = window.jupyterapp?.shell.currentWidget?.sessionContext?.session?.kernel;
-    return !!kernel && kernel.connectionStatus === "connected" && kernel.status === "idle";
-}"""
-RUNNING = re.compile(r"^\s*\[\*\]:\s*$")
-DONE = re.compile(r"^\s*\[\d+\]:\s*$")
-
-
-def _unavailable(reason: str) -> None:
-    """A learner without a browser gets a skip; CI must never skip this test silently."""
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"{reason} (CI=true: the browser test must run in CI)", pytrace=False)
-    pytest.skip(reason)
-
-
-def chromium_path() -> str:
-    chosen = os.environ.get("DPMP_LAB_CHROMIUM")
-    if chosen:
-        if not os.access(chosen, os.X_OK) or os.path.isdir(chosen):
-            _unavailable(f"DPMP_LAB_CHROMIUM={chosen} is not a program that can be run")
-        return chosen
-    found = next((p for p in map(shutil.which, BROWSERS) if p), None)
-    if not found:
-        _unavailable("no Chromium on this machine: the browser test needs one "
-                     "(Debian/Ubuntu: apt-get install chromium; or set DPMP_LAB_CHROMIUM)")
-    return found
 
 
 # -- the server, started by the README's command -----------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def descendants(pid: int) -> dict[int, tuple[int, str]]:
-    table = _proc_table()
-    found, frontier = {}, [pid]
-    while frontier:
-        parent = frontier.pop()
-        for child, (ppid, cmd) in table.items():
-            if ppid == parent and child not in found:
-                found[child] = (ppid, cmd)
-                frontier.append(child)
-    return found
 
 
 def kernels(server_pid: int) -> list[int]:
@@ -126,17 +84,6 @@ def rank_processes(server_pid: int) -> list[str]:
     forkservers = [p for p, (ppid, cmd) in tree.items() if "multiprocessing.forkserver" in cmd
                    and "multiprocessing.forkserver" not in tree.get(ppid, (0, ""))[1]]
     return [f"{p} {cmd}" for f in forkservers for p, (_, cmd) in descendants(f).items()]
-
-
-def wait_for(condition, seconds: float, what: str):
-    end = time.monotonic() + seconds
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > end:
-            raise AssertionError(f"after {seconds:g} s: {what}")
-        time.sleep(0.2)
 
 
 class Lab:
@@ -225,14 +172,6 @@ def _same_process(pid: int, cmd: str) -> bool:
 # -- the page --------------------------------------------------------------------------------
 
 
-def playwright_api():
-    try:
-        from playwright import sync_api
-    except ImportError:
-        _unavailable("the playwright package is missing (it comes with the [dev] extra)")
-    return sync_api
-
-
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory) -> Iterator[Lab]:
     chromium_path()  # skip before starting anything when the browser or playwright is missing
@@ -279,33 +218,6 @@ def last_screenshot(request, page) -> Iterator[None]:
 
 def shot(page, name: str) -> None:
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=False)
-
-
-def cell(page, nb: nbformat.NotebookNode, snippet: str):
-    """The cell whose source contains `snippet`, located by its index in the notebook."""
-    index = next(i for i, c in enumerate(nb.cells) if snippet in c.source)
-    return page.locator(".jp-Notebook .jp-Cell").nth(index)
-
-
-def prompt(c) -> str:
-    return c.locator(".jp-InputPrompt").inner_text()
-
-
-def run(page, c, wait: bool = True, timeout: float = 120) -> None:
-    """Select the cell and press Shift+Enter, as a learner does; wait for a new execution count."""
-    expect = playwright_api().expect
-
-    before = prompt(c)
-    c.locator(".jp-InputPrompt").click()
-    page.keyboard.press("Escape")
-    page.keyboard.press("Shift+Enter")
-    if wait:
-        expect(c.locator(".jp-InputPrompt")).not_to_have_text(before, timeout=timeout * 1000)
-        expect(c.locator(".jp-InputPrompt")).to_have_text(DONE, timeout=timeout * 1000)
-
-
-def output(c) -> str:
-    return c.locator(".jp-OutputArea").inner_text()
 
 
 def states_of(c):

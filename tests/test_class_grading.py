@@ -229,6 +229,27 @@ def test_a_failure_is_keyed_by_its_hints_else_by_its_masked_advice_or_message():
     assert keys("CellTimeoutError", "") == [class_report.TIMEOUT]
 
 
+def test_feedback_keeps_what_nbgrader_release_feedback_reads_and_no_learner_file(tmp_path):
+    """Beside the feedback page: the submission's timestamp and secret (release_feedback reads
+    both and hands the learner the page alone), from the course's copy, nothing else."""
+    root = tmp_path / "root"
+    handed = root / "submitted" / "ada_l17" / NAME
+    handed.mkdir(parents=True)
+    for record, text in (("timestamp.txt", "2026-01-01 10:00:00 UTC"),
+                         ("submission_secret.txt", "s3cret"), ("notes.txt", "mine")):
+        (handed / record).write_text(text)
+    made = tmp_path / "scratch" / "feedback" / "ada_l17" / NAME
+    made.mkdir(parents=True)
+    (made / f"{NAME}.html").write_text("<html>feedback</html>")
+    (made / "notes.txt").write_text("mine")
+    grading._install(root, NAME, grading_job.Graded("ada_l17", "", graded=True,
+                                                    scratch=tmp_path / "scratch"))
+    feedback = root / "feedback" / "ada_l17" / NAME
+    assert sorted(p.name for p in feedback.iterdir()) == [
+        f"{NAME}.html", "submission_secret.txt", "timestamp.txt"]
+    assert (feedback / "timestamp.txt").read_text() == "2026-01-01 10:00:00 UTC"
+
+
 def test_a_job_that_breaks_costs_its_own_submission_only(tmp_path, monkeypatch):
     """The parent's side alone (no nbgrader run): a job raising is recorded as not graded,
     with zero points and its error as the reason, and the other submissions go on."""

@@ -115,10 +115,17 @@ def record(gb: Gradebook, name: str, outcome: Graded) -> None:
     gb.db.commit()
 
 
+# What `nbgrader release_feedback` reads beside a feedback page (the submission's timestamp
+# and the secret its released name is hashed from); it hands the learner the page alone.
+FEEDBACK_RECORDS = ("timestamp.txt", "submission_secret.txt")
+
+
 def _install(root: Path, name: str, outcome: Graded) -> None:
     """Put the job's autograded notebook and feedback in the course's folders (or remove
     stale ones, when this grading failed). Feedback is the notebooks' HTML pages and nothing
-    else: nbgrader would also copy every file of the graded folder, learner-made or not."""
+    else: nbgrader would also copy every file of the graded folder, learner-made or not.
+    Beside them, for `nbgrader release_feedback`, the submission's FEEDBACK_RECORDS, taken
+    from the course's own copy in submitted/."""
     for kind in ("autograded", "feedback"):
         dest = root / kind / outcome.student / name
         if dest.exists():
@@ -132,6 +139,10 @@ def _install(root: Path, name: str, outcome: Graded) -> None:
             dest.mkdir()
             for page in made.glob("*.html"):
                 shutil.copy(page, dest / page.name)
+            for record in FEEDBACK_RECORDS:
+                kept = root / "submitted" / outcome.student / name / record
+                if kept.is_file():
+                    shutil.copy(kept, dest / record)
 
 
 def gradebook_dump(url: str, name: str) -> dict:

@@ -1,0 +1,73 @@
+"""nbgrader's exchange with private submissions that no other learner can replace, for a
+course served by a JupyterHub.
+
+nbgrader's own submit leaves each submission readable by every user of the server, hidden only
+by a random folder name. `PrivateSubmit` closes the submission's folder to all but the learner
+and its group: the inbound folder's (set-group-id, made by the instructor's release, so the
+instructor's group), which the folder took when it was made. Another learner cannot enter it
+even knowing its name. The learners' nbgrader_config.py names it (hub.py writes that file).
+
+Anyone may write into the inbound folder, so a learner can hand in a folder named for another
+learner (`ada+00_launch+<a later time>+x`); nbgrader's collect warns that its owner differs and
+collects it all the same, as ada's newest submission. `OwnerCheckedCollect`, named by the
+instructor's nbgrader_config.py (the command line and formgrader), leaves out every folder
+whose owner is not the learner it names, and says so.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+
+from nbgrader.exchange.default.collect import ExchangeCollect
+from nbgrader.exchange.default.submit import ExchangeSubmit
+
+# The folder is the gate: its files may keep the learner's group (nbgrader writes some after
+# the copy has reset the folder's set-group-id bit), so they are readable by whoever enters.
+SUBMISSION_FILE_MODE = 0o444
+SUBMISSION_DIR_MODE = 0o2770     # the learner and the graders' group; others cannot enter
+
+
+class PrivateSubmit(ExchangeSubmit):
+    """nbgrader's submit, then the submission's folder closed to everyone but its learner and
+    the graders' group."""
+
+    def copy_files(self) -> None:
+        super().copy_files()
+        dest = os.path.join(self.inbound_path, self.assignment_filename)
+        self.set_perms(dest, fileperms=SUBMISSION_FILE_MODE, dirperms=SUBMISSION_DIR_MODE)
+
+
+NOT_THEIRS = "not-theirs:"   # marks the record of a folder its named learner does not own
+
+
+def owner(path: str) -> str:
+    """The account owning `path` (its uid when no account has it)."""
+    uid = os.stat(path).st_uid
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+class OwnerCheckedCollect(ExchangeCollect):
+    """nbgrader's collect, without the submissions handed in under another learner's name:
+    their records are set apart (their own group, never the named learner's newest) and left
+    out, each with a warning naming who made it."""
+
+    def _path_to_record(self, path: str) -> dict:
+        record = super()._path_to_record(path)
+        made_by = owner(path)
+        if made_by != record["username"]:
+            record["username"] = f"{NOT_THEIRS}{record['username']}:{made_by}"
+        return record
+
+    def copy_files(self) -> None:
+        for record in self.src_records:
+            if record["username"].startswith(NOT_THEIRS):
+                named, made_by = record["username"].removeprefix(NOT_THEIRS).split(":", 1)
+                self.log.warning(f"not collected: {record['filename']} names {named} but was "
+                                 f"handed in by {made_by}")
+        self.src_records = [r for r in self.src_records
+                            if not r["username"].startswith(NOT_THEIRS)]
+        super().copy_files()

@@ -1,0 +1,189 @@
+"""deploy/jupyterhub_config.py and dpmp_lab/instructor/hub.py: the settings and their errors,
+the GPU map, each role's Jupyter config, the pre-spawn hook. The hub itself, end to end with
+real accounts and a browser, is tests/test_hub_class.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from traitlets.config import Config
+
+from dpmp_lab.instructor import hub
+from dpmp_lab.instructor.hub import HubConfigError, HubSettings
+
+from .conftest import ROOT
+
+
+def settings(tmp_path: Path, **changes) -> HubSettings:
+    course = tmp_path / "course"
+    course.mkdir(exist_ok=True)
+    (course / "nbgrader_config.py").write_text("c = get_config()\n")
+    values = dict(course=course, exchange=tmp_path / "exchange", state=tmp_path / "state",
+                  instructors=("teach",), learners=("ada", "bob", "cy"))
+    return HubSettings(**{**values, **changes})
+
+
+def test_round_robin_gives_each_user_a_block_and_shares_gpus_when_users_outnumber_them(
+        tmp_path):
+    s = settings(tmp_path, gpus=("0", "1", "2", "3"), gpus_per_user=2)
+    assert [s.gpus_for(u) for u in ("teach", "ada", "bob", "cy")] == ["0,1", "2,3", "0,1", "2,3"]
+    one = settings(tmp_path, gpus=("0", "1", "2"))
+    assert [one.gpus_for(u) for u in ("teach", "ada", "bob", "cy")] == ["0", "1", "2", "0"]
+    assert settings(tmp_path).gpus_for("ada") == ""        # no GPU: every launch on gloo
+    assert one.gpus_for("stranger") == ""
+
+
+def test_a_fixed_map_wins_over_the_round_robin(tmp_path):
+    s = settings(tmp_path, gpus=("0", "1"), gpu_map=hub.parse_gpu_map("bob=1; ada = 0,1"))
+    assert (s.gpus_for("ada"), s.gpus_for("bob"), s.gpus_for("cy")) == ("0,1", "1", "1")
+
+
+@pytest.mark.parametrize("env, message", [
+    ({}, "DPMP_LAB_HUB_COURSE is not set"),
+    ({"INSTRUCTORS": ""}, "name at least one instructor"),
+    ({"LEARNERS": "ada teach"}, "both instructor and learner: teach"),
+    ({"LEARNERS": "Ada;rm -rf"}, "not a user name: Ada;rm"),
+    ({"GPUS": "0,x"}, "GPUS: not a GPU number: x"),
+    ({"GPUS": "0,1", "GPUS_PER_USER": "3"}, "between 1 and the server's 2 GPUs"),
+    ({"GPUS_PER_USER": "two"}, "GPUS_PER_USER='two' is not a number"),
+    ({"GPUS": "0", "GPU_MAP": "ada=1"}, "no such GPU on this server: 1"),
+    ({"GPUS": "0", "GPU_MAP": "eve=0"}, "GPU_MAP names no user of the course: eve"),
+    ({"GPU_MAP": "ada:0"}, "'ada:0' is not USER=GPU"),
+    ({"PASSWORD": "short"}, "PASSWORD: at least 8 characters"),
+    ({"PYTHON": "/no/such/python"}, "PYTHON=/no/such/python is not a program"),
+])
+def test_bad_settings_are_refused_with_what_is_wrong(tmp_path, env, message):
+    course = settings(tmp_path).course
+    base = {"COURSE": str(course), "INSTRUCTORS": "teach", "LEARNERS": "ada bob", "GPUS": ""}
+    values = {**base, **env} if env else {}
+    with pytest.raises(HubConfigError, match=message.replace("(", r"\(").replace("?", r"\?")):
+        HubSettings.from_env({f"DPMP_LAB_HUB_{k}": v for k, v in values.items()})
+
+
+def test_a_course_root_without_nbgrader_config_is_refused(tmp_path):
+    with pytest.raises(HubConfigError, match="no nbgrader_config.py"):
+        HubSettings.from_env({"DPMP_LAB_HUB_COURSE": str(tmp_path),
+                              "DPMP_LAB_HUB_INSTRUCTORS": "teach"})
+
+
+def test_learners_get_the_assignment_list_and_instructors_formgrader(tmp_path):
+    s = settings(tmp_path, exchange=Path("/srv/x"))
+    made = hub.write_role_configs(s)
+    learner, instructor = made["learner"], made["instructor"]
+    server = json.loads((learner / "jupyter_server_config.json").read_text())
+    assert server["ServerApp"]["jpserver_extensions"] == {
+        "nbgrader.server_extensions.formgrader": False,
+        "nbgrader.server_extensions.course_list": False}
+    lab = json.loads((learner / "labconfig" / "page_config.json").read_text())
+    assert set(lab["disabledExtensions"]) == {"@jupyter/nbgrader:formgrader",
+                                              "@jupyter/nbgrader:course-list",
+                                              "@jupyter/nbgrader:create-assignment"}
+    assert json.loads((instructor / "jupyter_server_config.json").read_text()) == {
+        "ServerApp": {"jpserver_extensions": {}}}
+    learner_nbgrader = (learner / "nbgrader_config.py").read_text()
+    assert "c.Exchange.root = '/srv/x'" in learner_nbgrader
+    assert "PrivateSubmit" in learner_nbgrader and "CourseDirectory.root" not in learner_nbgrader
+    loaded = Config()
+    runpy.run_path(str(instructor / "nbgrader_config.py"),
+                   {"get_config": lambda: loaded, "load_subconfig": lambda path: None})
+    assert loaded.CourseDirectory.root == str(s.course)
+    assert loaded.CourseDirectory.course_id == "dpmp_lab"
+    assert loaded.ExchangeFactory.collect == "dpmp_lab.instructor.exchange.OwnerCheckedCollect"
+    assert oct(s.state.stat().st_mode & 0o777) == "0o711"     # crossed, never listed
+    assert oct(s.private.stat().st_mode & 0o777) == "0o700"   # the hub's database, secret
+    assert (learner / "nbgrader_config.py").stat().st_mode & 0o004
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the exchange's folders are given to an account")
+def test_the_exchange_is_sticky_and_its_course_folder_the_instructors(tmp_path):
+    me = pwd.getpwuid(os.getuid()).pw_name
+    s = settings(tmp_path, instructors=(me,))
+    course = hub.prepare_exchange(s)
+    assert oct(s.exchange.stat().st_mode & 0o7777) == "0o1777"
+    assert course == s.exchange / "dpmp_lab" and course.stat().st_uid == os.getuid()
+    assert oct(course.stat().st_mode & 0o777) == "0o755"
+    assert hub.prepare_exchange(s) == course          # again: nothing changes
+    os.chown(course, 54321, 54321)                    # made by someone else first
+    with pytest.raises(HubConfigError, match="belongs to uid 54321, not to the instructor"):
+        hub.prepare_exchange(s)
+    with pytest.raises(HubConfigError, match="no account 'nosuchteacher' on this server"):
+        hub.prepare_exchange(settings(tmp_path, instructors=("nosuchteacher",)))
+
+
+def test_pre_spawn_sets_gpus_config_and_folder_by_role(tmp_path):
+    me = pwd.getpwuid(os.getuid()).pw_name
+    s = settings(tmp_path, instructors=(me,), learners=("ada",), gpus=("0", "1"))
+    spawner = SimpleNamespace(user=SimpleNamespace(name=me), environment={"KEEP": "1"},
+                              notebook_dir="")
+    hub.pre_spawn(s, spawner)
+    assert spawner.environment["CUDA_VISIBLE_DEVICES"] == "0"
+    assert spawner.environment["KEEP"] == "1"
+    assert spawner.environment["JUPYTER_CONFIG_PATH"] == str(s.config_dir("instructor"))
+    assert spawner.environment["PATH"].split(os.pathsep)[0] == str(Path(s.python).parent)
+    assert spawner.notebook_dir == str(s.course)
+
+
+def test_the_config_file_sets_up_the_hub_and_says_when_the_proxy_is_missing(
+        tmp_path, monkeypatch):
+    me = pwd.getpwuid(os.getuid()).pw_name
+    s = settings(tmp_path, password="a-test-password", instructors=(me,))
+    for key, value in {"COURSE": s.course, "INSTRUCTORS": me, "LEARNERS": "ada bob",
+                       "STATE": s.state, "EXCHANGE": s.exchange, "GPUS": "0",
+                       "PASSWORD": s.password}.items():
+        monkeypatch.setenv(f"DPMP_LAB_HUB_{key}", str(value))
+    c = Config()
+    config_file = ROOT / "deploy" / "jupyterhub_config.py"
+    proxy = ROOT / "deploy" / "node_modules" / ".bin" / "configurable-http-proxy"
+    if proxy.exists():
+        runpy.run_path(str(config_file), {"get_config": lambda: c})
+        assert c.JupyterHub.authenticator_class == "shared-password"
+        assert c.Authenticator.allowed_users == {me, "ada", "bob"}
+        assert c.Spawner.cmd == [sys.executable, "-m", "jupyterhub.singleuser"]
+        assert c.ConfigurableHTTPProxy.command == [str(proxy)]
+        assert callable(c.Spawner.pre_spawn_hook)
+        assert c.JupyterHub.db_url == f"sqlite:///{s.state / 'hub' / 'jupyterhub.sqlite'}"
+        assert Path(c.JupyterHub.cookie_secret_file).parent == s.private
+    with pytest.raises(HubConfigError, match="npm ci --prefix"):
+        hub.configure(Config(), s, proxy=tmp_path / "node_modules" / ".bin" / "chp")
+    c = Config()
+    hub.configure(c, settings(tmp_path, instructors=(me,)), proxy=Path(sys.executable))
+    assert c.JupyterHub.authenticator_class == "pam"     # system accounts without a password
+
+
+def test_the_hub_refuses_to_start_without_its_settings_and_says_which(tmp_path):
+    """jupyterhub itself, with the deployment's config and no DPMP_LAB_HUB_COURSE: it exits
+    at once with the reason, and makes no state."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DPMP_LAB_HUB_")}
+    env["DPMP_LAB_HUB_STATE"] = str(tmp_path / "state")
+    done = subprocess.run([str(Path(sys.executable).parent / "jupyterhub"), "-f",
+                           str(ROOT / "deploy" / "jupyterhub_config.py"), "--port=0"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "DPMP_LAB_HUB_COURSE is not set" in done.stdout + done.stderr
+    assert not (tmp_path / "state").exists() and not (tmp_path / "jupyterhub.sqlite").exists()
+
+
+def test_the_server_gpus_are_what_nvidia_smi_lists(tmp_path, monkeypatch):
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H200 (UUID: a)'\n"
+                    "echo 'GPU 1: NVIDIA H200 (UUID: b)'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert hub.server_gpus() == ("0", "1")
+    fake.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2\nexit 9\n")
+    assert hub.server_gpus() == ()
+
+    def hangs(*args, **kwargs):
+        raise subprocess.TimeoutExpired(args[0], 30)
+
+    monkeypatch.setattr(hub.subprocess, "run", hangs)
+    with pytest.raises(HubConfigError, match="did not answer in 30 s: name the GPUs"):
+        hub.server_gpus()
