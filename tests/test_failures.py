@@ -362,6 +362,10 @@ def test_ranks_that_failed_alike_are_told_once_naming_them():
     assert "ranks 0, 1, 2, 3 raised NotImplementedError" in text
     assert text.count("raise NotImplementedError()") == 1
     assert "rank 0 raised" not in text and list(err.failures) == [0, 1, 2, 3]
+    # named in order, whichever reported first (the summary keeps the order of arrival)
+    text = str(LaunchError({1: raised(1), 0: raised(0)}, output=["", ""], finished=[],
+                           stopped=[], world_size=2))
+    assert text.startswith("ranks 1, 0 of 2 failed\nranks 0, 1 raised NotImplementedError")
     other = raised(2, where=stub.replace("line 3", "line 9"))
     text = str(LaunchError({0: raised(0), 1: raised(1, "why"), 2: other, 3: raised(3)},
                            output=[""] * 4, finished=[], stopped=[], world_size=4))

@@ -127,7 +127,7 @@ class LaunchError(RuntimeError):
     def report(self) -> str:
         lines = [self.summary]
         for group in alike(self.failures):
-            lines.append(group[0].describe([f.rank for f in group]))
+            lines.append(group[0].describe(sorted(f.rank for f in group)))
         if self.finished:
             lines.append(f"{ranks_text(self.finished)} had returned.")
         if self.stopped:
