@@ -105,12 +105,16 @@ def test_nothing_is_left_running_or_in_the_temp_folder(graded_class):
     assert graded_class["tmp_left"] == []
 
 
-def test_feedback_is_html_only_and_holds_no_hidden_test(graded_class):
+def test_feedback_is_the_page_and_nbgraders_two_files_and_holds_no_hidden_test(graded_class):
     root = graded_class["two"]
     hidden = nbgrader_plugin.hidden_lines(source_notebook(NAME))
     assert len(hidden) > 10
-    pages = [p for p in (root / "feedback").rglob("*") if p.is_file()]
-    assert {p.suffix for p in pages} == {".html"}
+    files = [p for p in (root / "feedback").rglob("*") if p.is_file()]
+    # beside each page, what `nbgrader release_feedback` reads (written by the grader)
+    assert {p.name for p in files if p.suffix != ".html"} == {"timestamp.txt",
+                                                              "submission_secret.txt"}
+    pages = [p for p in files if p.suffix == ".html"]
+    assert {p.name for p in pages} == {f"{NAME}.html"}
     assert {p.parent.parent.name for p in pages} == (
         graded_class["everyone"] - NOT_GRADED - stopped_here(graded_class["summary_two"]))
     for page in pages:

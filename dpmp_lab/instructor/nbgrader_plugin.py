@@ -12,6 +12,7 @@ back. nbgrader_config.py calls `configure(c)`; `dpmp-lab grade` adds one job's s
   (nbgrader's ClearHiddenTests) and masks every line of them wherever it appears in an
   output (a traceback of a failed hidden assert prints its line), so feedback never carries
   the hidden tests.
+- `nbgrader export` uses grades_export.GradesExport.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from nbgrader.preprocessors import ClearHiddenTests, Execute, GetGrades
 from traitlets import Bool, Integer, Unicode
 
 from dpmp_lab.instructor import receipts, scan
+from dpmp_lab.instructor.grades_export import GradesExport
 from dpmp_lab.instructor.limits import Limits
 from dpmp_lab.instructor.sandbox_kernel import SandboxedKernelManager
 
@@ -261,6 +263,7 @@ def configure(c: Any, job: dict | None = None) -> None:
     c.Autograde.autograde_preprocessors = autograde_preprocessors(
         Autograde.class_traits()["autograde_preprocessors"].default())
     c.GenerateFeedback.preprocessors = feedback_preprocessors()
+    c.ExportApp.plugin_class = GradesExport   # plain `nbgrader export` writes dpmp_lab's CSV
     job = job or {}
     if "sandbox" in job:
         c.GuardedExecute.sandbox = bool(job["sandbox"])
@@ -272,6 +275,6 @@ def configure(c: Any, job: dict | None = None) -> None:
             setattr(c.SandboxedKernelManager, key, job[key])
 
 
-__all__ = ["GuardedExecute", "HideHiddenTests", "OutputLimitExceeded", "autograde_preprocessors",
-           "configure", "feedback_preprocessors", "hidden_lines", "mark_forged", "mask_output",
-           "split_cells"]
+__all__ = ["GradesExport", "GuardedExecute", "HideHiddenTests", "OutputLimitExceeded",
+           "autograde_preprocessors", "configure", "feedback_preprocessors", "hidden_lines",
+           "mark_forged", "mask_output", "split_cells"]
