@@ -7,7 +7,8 @@ never ends, a kernel that kills itself) and one attacker per attack, each what a
 write in one solution cell:
 - reaching out: read and append to the gradebook, solutions/, nbgrader_config.py and another
   learner's submission, from the cell and from two daemons (a new session, a double fork) that
-  keep trying for a minute and a half; look for the other jobs; connect to the network;
+  keep trying for a minute and a half; look for the other jobs; connect to the network; print
+  where the package, torch and Python lie (feedback masks those paths);
 - forgeries: an input transformer that turns every later cell into `pass`; integrity's record
   emptied and the checks replaced through an alias; a function that reads the hidden test's
   expected value from its caller's frame; the same transformer and a hook that prints every
@@ -149,6 +150,7 @@ if os.fork() == 0:
     if os.fork() == 0:
         os.execv(sys.executable, [sys.executable, "-c", daemon])
     os._exit(0)
+print("WHERE", dl.__file__, torch.__file__, json.__file__)   # the server's layout
 print("REACH", json.dumps(found))
 ''' + PREDICT
 

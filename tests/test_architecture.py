@@ -47,6 +47,7 @@ LAYERS = {
     "render": 0, "_helpers": 0, "compat": 0, "integrity": 0, "launcher.protocol": 0,
     "launcher.lines": 0, "launcher.serialize": 0, "launcher.processes": 0, "launcher.cores": 0,
     "instructor.scan": 0, "instructor.sandbox": 0, "instructor.limits": 0,
+    "instructor.server_paths": 0,
     # 1: what a rank knows and records
     "context": 1, "trace": 1, "launcher.audit": 1, "launcher.collective_inputs": 1,
     # 2: launching ranks, and the groups of a grid
