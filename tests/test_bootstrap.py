@@ -106,4 +106,7 @@ def test_validate_in_a_learners_home_runs_with_the_courses_cell_timeout(tmp_path
     assert done.returncode == 0, done.stderr
     expected = re.search(r"Execute\.timeout = (\d+)", (ROOT / "course" / "nbgrader_config.py")
                          .read_text()).group(1)
-    assert done.stdout.split()[-1] == expected == "600"
+    assert done.stdout.split()[-1] == expected == "600", (
+        f"Validate's cell timeout here is {done.stdout.split()[-1]} s: is "
+        f"{sys.prefix}/etc/jupyter/nbgrader_config.py there? (`python3 bootstrap.py test` "
+        "puts it there)")
