@@ -42,6 +42,10 @@ ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 CONSTRAINTS = ROOT / "constraints.txt"
 STAMP = VENV / ".dpmp_lab-installed"
+# the learners' nbgrader configuration (Validate's cell timeout), where every nbgrader of the
+# environment reads it, wherever a notebook lies: pip's editable install leaves out
+# pyproject's data-files, which put it there for a plain install
+LEARNER_CONFIG = ROOT / "course" / "nbgrader_config.py"
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 LINTED = ("dpmp_lab", "tests", "benchmarks", "tools", "bootstrap.py")
 # pycodestyle's checks that the house style does not follow: hanging indents of 4 under an open
@@ -126,8 +130,20 @@ def pip_install(python: Path, constraints: str, extras: tuple[str, ...],
         os.unlink(f.name)
 
 
+def install_learner_config(venv: Path) -> Path:
+    """course/nbgrader_config.py as {venv}/etc/jupyter/nbgrader_config.py (nbgrader reads
+    jupyter's config path, which holds sys.prefix/etc/jupyter); rewritten when it differs."""
+    dest = venv / "etc" / "jupyter" / "nbgrader_config.py"
+    text = LEARNER_CONFIG.read_text()
+    if not dest.exists() or dest.read_text() != text:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_text(text)
+    return dest
+
+
 def ensure_installed(purpose: str) -> Path:
     python = ensure_venv()
+    install_learner_config(VENV)
     digest = hashlib.sha256(
         (ROOT / "pyproject.toml").read_bytes() + CONSTRAINTS.read_bytes()
     ).hexdigest()

@@ -1,7 +1,8 @@
 """The `dpmp-lab` command: `doctor` checks this machine, `lab` opens the course in JupyterLab,
 `release` regenerates course/ from solutions/, `learner-copy` lays out a course for learners,
 `grade` autogrades submissions in parallel, each in a sandbox (nbgrader), `report` says what a
-class got wrong, `grades` writes every learner's totals."""
+class got wrong, `grades` shows every learner's scores (as `nbgrader export`
+writes them)."""
 
 from __future__ import annotations
 
@@ -178,14 +179,17 @@ def report(args: argparse.Namespace) -> int:
 
 
 def grades(args: argparse.Namespace) -> int:
-    """Every learner's total per assignment, from nbgrader's gradebook."""
-    from dpmp_lab.instructor import class_report
+    """Every learner's score per assignment: the rows `nbgrader export` writes with this
+    course's exporter (instructor/grades_export.py), pseudonymised unless --names."""
+    from dpmp_lab.instructor import grades_export
 
-    rows = class_report.grades(args.root or course.repo_root(), args.assignments or None)
+    root = args.root or course.repo_root()
+    rows = grades_export.course_grades(root, args.assignments or None)
+    key = None if args.names else grades_export.read_key(root / grades_export.KEY_FILE)
     if args.csv:
-        sys.stdout.write(class_report.grades_csv(rows))
+        sys.stdout.write(grades_export.grades_csv(rows, key))
     else:
-        print(class_report.grades_text(rows))
+        print(grades_export.grades_table(rows, key))
     return 0
 
 
@@ -268,9 +272,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-html", action="store_true", help="do not write reports/NAME.html")
     _root_option(p)
     p.set_defaults(func=report)
-    p = sub.add_parser("grades", help="each learner's total per assignment")
+    p = sub.add_parser("grades", help="each learner's score per assignment (what `nbgrader "
+                       "export` writes to grades.csv)")
     p.add_argument("assignments", nargs="*", help="assignments (default: every graded one)")
     p.add_argument("--csv", action="store_true", help="CSV on stdout, for a spreadsheet")
+    p.add_argument("--names", action="store_true",
+                   help="learners' ids and names (default: pseudonyms, no names)")
     _root_option(p)
     p.set_defaults(func=grades)
     args, extra = parser.parse_known_args(argv)

@@ -7,12 +7,17 @@ never ends, a kernel that kills itself) and one attacker per attack, each what a
 write in one solution cell:
 - reaching out: read and append to the gradebook, solutions/, nbgrader_config.py and another
   learner's submission, from the cell and from two daemons (a new session, a double fork) that
-  keep trying for a minute and a half; look for the other jobs; connect to the network;
+  keep trying for a minute and a half; look for the other jobs; connect to the network; print
+  where the package, torch and Python lie (feedback masks those paths);
 - forgeries: an input transformer that turns every later cell into `pass`; integrity's record
   emptied and the checks replaced through an alias; a function that reads the hidden test's
   expected value from its caller's frame; the same transformer and a hook that prints every
   cell (the hidden tests) reached through strings, so that no scan can read them;
 - limits: a 50 MB line, 3 GiB of memory, a 150 MiB file, 200 processes.
+
+One honest learner (LATE) handed in through an exchange after the due date, which the course
+gives with nbgrader's penalty_method "zero": `nbgrader collect` leaves timestamp.txt and
+submission_secret.txt beside the notebook; every other submission was placed by hand.
 
 It is graded twice: the whole class with two jobs, in the sandbox, with tight limits, from a
 course root given as a relative path and with a temp folder of its own (what is left in it is
@@ -27,11 +32,12 @@ import hashlib
 import os
 import shutil
 import tempfile
+from datetime import datetime
 from pathlib import Path
 
 import nbformat
 
-from dpmp_lab.instructor import course, grading, limits
+from dpmp_lab.instructor import course, grading, grading_job, limits
 from dpmp_lab.instructor.limits import Limits
 
 from .conftest import ROOT
@@ -54,6 +60,8 @@ HONEST = {"ada_l17": "solution", "ben_l17": "release", "cy_l17": ROWS["replace"]
 BROKEN = {"cy_l17": ROWS, "dee_l17": ROWS, "eve_l17": ALL_REDUCE}
 NOT_GRADED = {"fay_l17", "gus_l17"}
 VICTIM = "ada_l17"
+DUE = datetime(2026, 12, 1, 12, 0)          # UTC, as nbgrader keeps it
+LATE = {"dee_l17": ("2026-12-01 14:30:00.000000 UTC", "5eb" * 40)}   # timestamp, secret
 # graded again with one job: a right answer, a wrong one, a dead kernel (the others would only
 # cost their minutes again)
 AGAIN = {"ada_l17", "cy_l17", "gus_l17"}
@@ -142,6 +150,7 @@ if os.fork() == 0:
     if os.fork() == 0:
         os.execv(sys.executable, [sys.executable, "-c", daemon])
     os._exit(0)
+print("WHERE", dl.__file__, torch.__file__, json.__file__)   # the server's layout
 print("REACH", json.dumps(found))
 ''' + PREDICT
 
@@ -220,7 +229,14 @@ def grade_the_class(base: Path) -> dict:
     one = course_root(base / "one")
     for learner in AGAIN:
         shutil.copytree(two / "submitted" / learner, one / "submitted" / learner)
+    for learner, (stamp, secret) in LATE.items():
+        (two / "submitted" / learner / NAME / "timestamp.txt").write_text(stamp)
+        (two / "submitted" / learner / NAME / "submission_secret.txt").write_text(secret)
     grading.ensure_assignment(NAME, two)
+    with grading_job.open_gradebook(course.gradebook_url(two)) as gb:
+        gb.update_or_create_assignment(NAME, duedate=DUE)
+    with open(two / "nbgrader_config.py", "a") as f:
+        f.write('\nc.LateSubmissionPlugin.penalty_method = "zero"\n')
     before = {p: tree_hash(two / p) for p in ("solutions", "nbgrader_config.py",
                                               f"submitted/{VICTIM}/{NAME}")}
     private_tmp = base / "tmp"

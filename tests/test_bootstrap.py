@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -85,3 +88,50 @@ def test_without_npm_the_hub_stops_with_how_to_get_it_and_the_tests_go_on(
         bootstrap.ensure_proxy(required=True)
     bootstrap.ensure_proxy(required=False)
     assert "the JupyterHub test will skip" in capsys.readouterr().out
+
+
+def test_the_learners_config_goes_where_every_nbgrader_of_the_environment_reads_it(
+        bootstrap, tmp_path):
+    """Validate reads nbgrader_config.py from the server's working directory and jupyter's
+    config path, not from the notebook's folder: course/nbgrader_config.py reaches a notebook
+    fetched into a learner's home only as {sys.prefix}/etc/jupyter/nbgrader_config.py, put
+    there by pyproject's data-files (a plain install) and by bootstrap (an editable one)."""
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is Python 3.11's")
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert data["data-files"]["etc/jupyter"] == [
+        str(bootstrap.LEARNER_CONFIG.relative_to(ROOT))]
+    venv = tmp_path / "venv"
+    dest = bootstrap.install_learner_config(venv)
+    assert dest == venv / "etc" / "jupyter" / "nbgrader_config.py"
+    assert dest.read_text() == bootstrap.LEARNER_CONFIG.read_text()
+    dest.write_text("c = get_config()\n")     # an older version: replaced
+    bootstrap.install_learner_config(venv)
+    assert dest.read_text() == bootstrap.LEARNER_CONFIG.read_text()
+
+
+VALIDATE_CONFIG = """
+from nbgrader.preprocessors import Execute
+from nbgrader.server_extensions.validate_assignment.handlers import ValidateAssignmentHandler
+from nbgrader.validator import Validator
+config = ValidateAssignmentHandler.load_config(None)   # what Validate's handler reads
+print(Execute(parent=Validator(config=config)).timeout)
+"""
+
+
+def test_validate_in_a_learners_home_runs_with_the_courses_cell_timeout(tmp_path):
+    """nbgrader 0.9.6's Validate button, in a server started in a learner's home where a
+    notebook was fetched (no nbgrader_config.py there, none in ~/.jupyter): the course's 600 s
+    per cell, not nbgrader's 30 s (this environment was set up by bootstrap.py)."""
+    home = tmp_path / "learner"
+    (home / "01_collectives").mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTER")}
+    env["HOME"] = str(home)
+    done = subprocess.run([sys.executable, "-c", VALIDATE_CONFIG], cwd=home, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    expected = re.search(r"Execute\.timeout = (\d+)", (ROOT / "course" / "nbgrader_config.py")
+                         .read_text()).group(1)
+    assert done.stdout.split()[-1] == expected == "600", (
+        f"Validate's cell timeout here is {done.stdout.split()[-1]} s: is "
+        f"{sys.prefix}/etc/jupyter/nbgrader_config.py there? (`python3 bootstrap.py test` "
+        "puts it there)")

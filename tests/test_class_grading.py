@@ -1,7 +1,8 @@
 """Grading a class: `dpmp-lab grade --jobs N` gives the gradebook one job gives, whatever order
 the jobs finish in, with a submission that hangs and one that kills its kernel among them; the
 class report names each broken variant's mistake under the cell it breaks, with the right
-counts; grades come out as CSV.
+counts; grades come out through `nbgrader export`, late penalty applied; feedback is released
+through an exchange, hand-placed submissions and collected ones alike.
 
 The class is tests/grading_class.py's (honest learners and attackers, graded with --jobs 2;
 three of the honest learners again with --jobs 1): each autograde costs 10-40 s on the
@@ -15,13 +16,23 @@ import io
 import os
 import random
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
+from nbgrader.utils import notebook_hash, parse_utc
 
 from dpmp_lab import cli
 from dpmp_lab.check import hints
-from dpmp_lab.instructor import class_report, course, grading, grading_job, sandbox
+from dpmp_lab.instructor import (
+    class_report,
+    course,
+    grades_export,
+    grading,
+    grading_job,
+    sandbox,
+)
 
 from .comm_cases import COMM_CASES, comm_failure, trace_of
 from .grading_class import (
@@ -30,6 +41,7 @@ from .grading_class import (
     BROKEN,
     FORGED,
     HONEST,
+    LATE,
     LIMIT,
     NAME,
     NOT_GRADED,
@@ -168,17 +180,84 @@ def test_report_is_anonymous_unless_asked_in_the_terminal_html_and_csv(graded, c
     assert rows_mistake["learners_with_mistake"] == "2"
 
 
-def test_grades_csv_has_every_learners_total(graded, capsys):
-    assert cli.main(["grades", "--root", str(graded["two"]), "--csv"]) == 0
-    rows = {r["student"]: r for r in csv.DictReader(io.StringIO(capsys.readouterr().out))}
+def test_nbgrader_export_has_every_learners_score_after_the_late_penalty(graded, tmp_path):
+    """Plain `nbgrader export`, as an instructor runs it in the course root: the course's
+    exporter (grades_export.py) with names, and the late learner's points taken by nbgrader's
+    "zero" penalty, which autograde computed in the job and the parent recorded."""
+    root = graded["two"]
+    env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep
+               + os.environ.get("PATH", ""))
+    done = subprocess.run([sys.executable, "-m", "nbgrader", "export",
+                           f"--to={tmp_path / 'grades.csv'}", "--GradesExport.names=True"],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    rows = {r["student_id"]: r for r in csv.DictReader(open(tmp_path / "grades.csv"))}
     assert set(rows) == graded["everyone"]
     assert rows["ada_l17"]["score"] == "9" and rows["ada_l17"]["max_score"] == "9"
     assert rows["ben_l17"]["score"] == "0"
     assert rows["eve_l17"]["score"] == "6"   # gather_tests (2) and gather_comm_tests (1) lost
+    [late] = LATE
+    earned = 9 - sum(_cell(class_report.class_report(NAME, root), c).points
+                     for c in ROWS["loses"])
+    assert earned > 0 and rows[late]["raw_score"] == f"{earned:g}"
+    assert (rows[late]["late_submission_penalty"], rows[late]["score"]) == (f"{earned:g}", "0")
+    assert rows["cy_l17"]["late_submission_penalty"] == "0"   # the same answers, on time
     assert {s for s, r in rows.items() if r["needs_manual_grade"] == "True"} == (
         NOT_GRADED | stopped_here(graded["summary_two"]) | set(FORGED))
-    with pytest.raises(ValueError, match="not in the gradebook: 99_nothing"):
-        class_report.grades(graded["two"], ["99_nothing"])
+    # the progress line gives the learner's score, the penalty taken
+    assert f"{late}: graded, 0 points (late penalty {earned:g})" in "\n".join(graded["lines"])
+
+
+def test_release_feedback_releases_every_page_hand_placed_or_collected(graded, tmp_path):
+    """`nbgrader release_feedback` reads timestamp.txt and submission_secret.txt beside each
+    page and stopped at the first folder without them (every submission placed by hand). A
+    collected submission's page goes where its learner's Assignment List looks for it."""
+    root = graded["two"]
+    exchange = tmp_path / "exchange"
+    exchange.mkdir()
+    env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep
+               + os.environ.get("PATH", ""))
+    done = subprocess.run([sys.executable, "-m", "nbgrader", "release_feedback", NAME,
+                           f"--Exchange.root={exchange}"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    pages = sorted((root / "feedback").glob(f"*/{NAME}/{NAME}.html"))
+    released = sorted((exchange / course.COURSE_ID / "feedback").glob("*.html"))
+    assert len(pages) > 5 and len(released) == len(pages)
+    [(late, (stamp, secret))] = LATE.items()
+    expected = notebook_hash(secret=secret, notebook_id=NAME)
+    assert (exchange / course.COURSE_ID / "feedback" / f"{expected}.html").read_bytes() == (
+        root / "feedback" / late / NAME / f"{NAME}.html").read_bytes()
+    assert (root / "feedback" / late / NAME / "timestamp.txt").read_text() == stamp
+    placed = root / "feedback" / "ada_l17" / NAME
+    assert parse_utc((placed / "timestamp.txt").read_text()) is not None
+    assert len((placed / "submission_secret.txt").read_text()) == 128
+
+
+def test_the_progress_line_gives_the_gradebooks_score():
+    outcome = grading_job.Graded("ann", "", graded=True, seconds=3.0,
+                                 scores={("nb", "a"): (4.0, False), ("nb", "b"): (2.0, False)})
+    line = grading.progress_line
+    assert line(1, 2, outcome, 1) == "[1/2] ann: graded, 6 points (3 s); 1 running"
+    assert line(1, 2, outcome, 0, (6.0, 0.0)) == "[1/2] ann: graded, 6 points (3 s)"
+    assert line(1, 2, outcome, 0, (6.0, 6.0)) == (
+        "[1/2] ann: graded, 0 points (late penalty 6) (3 s)")
+    assert line(1, 2, outcome, 0, (9.0, 0.0)) == (
+        "[1/2] ann: graded, 9 points (6 automatic, with manual grades 9) (3 s)")
+
+
+def test_a_hand_placed_submission_keeps_its_feedback_secret_across_gradings(tmp_path):
+    submitted = tmp_path / "submitted"
+    submitted.mkdir()
+    first = grading.feedback_receipt(submitted, None)
+    assert parse_utc(first["timestamp.txt"]) is not None and len(first["submission_secret.txt"]) == 128
+    assert grading.feedback_receipt(submitted, None, first) == first
+    assert grading.feedback_receipt(submitted, None)["submission_secret.txt"] != (
+        first["submission_secret.txt"])
+    (submitted / "timestamp.txt").write_text("2026-12-01 14:30:00.000000 UTC")
+    (submitted / "submission_secret.txt").write_text("abc")
+    assert grading.feedback_receipt(submitted, None, first) == {
+        "timestamp.txt": "2026-12-01 14:30:00.000000 UTC", "submission_secret.txt": "abc"}
 
 
 def test_a_rerun_grades_only_what_changed_unless_forced(graded):
@@ -188,14 +267,14 @@ def test_a_rerun_grades_only_what_changed_unless_forced(graded):
     hand_in(root, "cy_l17", source_notebook(NAME))   # cy hands in a fixed notebook
     fixed = grading.grade_class(NAME, root=root, jobs=2, timeout=LIMIT, say=lambda _: None)
     assert [o.student for o in fixed.outcomes] == ["cy_l17"] and fixed.outcomes[0].graded
-    rows = {r["student"]: r for r in class_report.grades(root, [NAME])}
-    assert rows["cy_l17"]["score"] == 9 and rows["ada_l17"]["score"] == 9
+    rows = {r.student_id: r for r in grades_export.course_grades(root, [NAME])}
+    assert rows["cy_l17"].score == 9 and rows["ada_l17"].score == 9
     forced = grading.grade_class(NAME, root=root, jobs=2, timeout=LIMIT, force=True,
                                  students=["ada_l17"], say=lambda _: None)
     assert [(o.student, o.graded) for o in forced.outcomes] == [("ada_l17", True)]
     assert forced.skipped == []
-    rows = {r["student"]: r for r in class_report.grades(root, [NAME])}
-    assert rows["ada_l17"]["score"] == 9 and len(rows) == len(AGAIN)
+    rows = {r.student_id: r for r in grades_export.course_grades(root, [NAME])}
+    assert rows["ada_l17"].score == 9 and len(rows) == len(AGAIN)
     assert run_processes(fixed.run_id) == [] and run_processes(forced.run_id) == []
 
 
@@ -272,9 +351,9 @@ def test_a_job_that_breaks_costs_its_own_submission_only(tmp_path, monkeypatch):
     summary = grading.grade_class(NAME, root=root, jobs=2, say=lines.append)
     [failed] = summary.failed
     assert failed.student == "broken_l17" and "OSError: No space left" in failed.reason
-    rows = {r["student"]: r for r in class_report.grades(root, [NAME])}
-    assert rows["ok_l17"]["score"] == 9 and rows["broken_l17"]["score"] == 0
-    assert rows["broken_l17"]["needs_manual_grade"]
+    rows = {r.student_id: r for r in grades_export.course_grades(root, [NAME])}
+    assert rows["ok_l17"].score == 9 and rows["broken_l17"].score == 0
+    assert rows["broken_l17"].needs_manual_grade
     assert any("broken_l17: NOT GRADED: grading failed: OSError" in line for line in lines)
     again = grading.grade_class(NAME, root=root, jobs=2, say=lines.append)
     assert [o.student for o in again.outcomes] == ["broken_l17"]   # tried again: no fingerprint
@@ -292,8 +371,8 @@ def test_a_notebook_under_another_name_is_not_graded_and_says_the_name_expected(
     [failed] = summary.failed
     assert failed.student == "hal_l17" and not failed.graded
     assert f"expected {NAME}.ipynb in the submission, found {NAME} (1).ipynb" in failed.reason
-    rows = {r["student"]: r for r in class_report.grades(root, [NAME])}
-    assert rows["hal_l17"]["score"] == 0 and rows["hal_l17"]["needs_manual_grade"]
+    rows = {r.student_id: r for r in grades_export.course_grades(root, [NAME])}
+    assert rows["hal_l17"].score == 0 and rows["hal_l17"].needs_manual_grade
 
 
 # -- the keys the report counts ------------------------------------------------------------------

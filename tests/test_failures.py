@@ -184,9 +184,10 @@ def test_launch_timeout_names_the_stuck_ranks_in_order():
     err = launch_timeout(stuck, output=["", "", ""], finished=[1])
     assert list(err.failures) == [0, 2] and err.stopped == [] and err.hint == HANG_HINT
     text = str(err)
-    assert text.startswith("ranks 0, 2 of 3 did not finish\nrank 0 did not finish: still "
+    # both waited on the same line with the same last output: told once, naming both
+    assert text.startswith("ranks 0, 2 of 3 did not finish\nranks 0, 2 did not finish: still "
                            "running after 3 s (launch timeout)")
-    assert "dist.all_reduce(t)" in text and "last output of rank 0:\n    step 7" in text
+    assert text.count("dist.all_reduce(t)") == 1 and "last output of ranks 0, 2:\n    step 7" in text
 
 
 def test_p2p_wait_reads_the_innermost_torch_distributed_call():
@@ -343,3 +344,37 @@ def test_a_destroyed_group_does_not_hide_a_real_cause():
     err = launch_error({1: timeout}, output=["", ""], finished=[0], pg_timeout=5,
                        destroyed=[0])
     assert not isinstance(err, LaunchTimeout) and "rank 0 destroyed" in str(err)
+
+
+def test_ranks_that_failed_alike_are_told_once_naming_them():
+    """An unattempted exercise raises the same error from the same line in every rank: one
+    traceback, naming the ranks, instead of one per rank; a rank that failed otherwise keeps
+    its own."""
+    stub = 'File "cell-7.py", line 3, in gather_rows\n    raise NotImplementedError()'
+
+    def raised(rank: int, message: str = "", where: str = stub) -> RankFailure:
+        return RankFailure(rank, Reason.EXCEPTION, exc_type="NotImplementedError",
+                           message=message, traceback=where)
+
+    err = LaunchError({r: raised(r) for r in range(4)}, output=[""] * 4, finished=[],
+                      stopped=[], world_size=4)
+    text = str(err)
+    assert "ranks 0, 1, 2, 3 raised NotImplementedError" in text
+    assert text.count("raise NotImplementedError()") == 1
+    assert "rank 0 raised" not in text and list(err.failures) == [0, 1, 2, 3]
+    # named in order, whichever reported first (the summary keeps the order of arrival)
+    text = str(LaunchError({1: raised(1), 0: raised(0)}, output=["", ""], finished=[],
+                           stopped=[], world_size=2))
+    assert text.startswith("ranks 1, 0 of 2 failed\nranks 0, 1 raised NotImplementedError")
+    other = raised(2, where=stub.replace("line 3", "line 9"))
+    text = str(LaunchError({0: raised(0), 1: raised(1, "why"), 2: other, 3: raised(3)},
+                           output=[""] * 4, finished=[], stopped=[], world_size=4))
+    assert "ranks 0, 3 raised NotImplementedError: \n" in text
+    assert "rank 1 raised NotImplementedError: why" in text and "rank 2 raised" in text
+    assert text.count("raise NotImplementedError()") == 3
+    killed = [RankFailure(r, Reason.SIGNAL, signal=signal.SIGKILL, output_tail="oom")
+              for r in (0, 1)]
+    text = str(LaunchError(dict(enumerate(killed)), output=["", ""], finished=[], stopped=[],
+                           world_size=2))
+    assert "ranks 0, 1 were killed by signal SIGKILL" in text
+    assert "last output of ranks 0, 1:" in text and text.count("oom") == 1

@@ -13,11 +13,13 @@ import json
 import os
 import re
 import shutil
+import sys
 
 import nbformat
 import pytest
 
 from dpmp_lab import cli
+from dpmp_lab._helpers import PACKAGE_DIR, PACKAGE_HOME
 from dpmp_lab.instructor import class_report, course, grading, grading_job, nbgrader_plugin, sandbox
 
 from .conftest import ROOT
@@ -105,19 +107,49 @@ def test_nothing_is_left_running_or_in_the_temp_folder(graded_class):
     assert graded_class["tmp_left"] == []
 
 
-def test_feedback_is_html_only_and_holds_no_hidden_test(graded_class):
+def test_feedback_is_the_page_and_nbgraders_two_files_and_holds_no_hidden_test(graded_class):
     root = graded_class["two"]
     hidden = nbgrader_plugin.hidden_lines(source_notebook(NAME))
     assert len(hidden) > 10
-    pages = [p for p in (root / "feedback").rglob("*")
-             if p.is_file() and p.name not in grading.FEEDBACK_RECORDS]
-    assert {p.suffix for p in pages} == {".html"}
+    files = [p for p in (root / "feedback").rglob("*") if p.is_file()]
+    # beside each page, what `nbgrader release_feedback` reads (written by the grader)
+    assert {p.name for p in files if p.suffix != ".html"} == {"timestamp.txt",
+                                                              "submission_secret.txt"}
+    pages = [p for p in files if p.suffix == ".html"]
+    assert {p.name for p in pages} == {f"{NAME}.html"}
     assert {p.parent.parent.name for p in pages} == (
         graded_class["everyone"] - NOT_GRADED - stopped_here(graded_class["summary_two"]))
     for page in pages:
         text = html.unescape(re.sub(r"<[^>]+>", "", page.read_text()))
         leaked = [line for line in hidden if line in text]
         assert not leaked, f"{page}: {leaked[:3]}"
+
+
+def _text(page) -> str:
+    return html.unescape(re.sub(r"<[^>]+>", "", page.read_text()))
+
+
+def test_feedback_shows_no_server_path_and_ranks_that_failed_alike_once(graded_class):
+    """The attacker who reached out printed where the package, torch and Python lie: the
+    instructor's autograded notebook keeps the paths, the learner's page names the files
+    without them, and no page holds a path of the checkout or the Python installation. The
+    blank release's stub raised in both ranks of a launch: one traceback, naming both."""
+    root = graded_class["two"]
+    server = [str(PACKAGE_HOME), sys.prefix, sys.base_prefix]
+    autograded = (root / "autograded" / "mal_reach" / NAME / f"{NAME}.ipynb").read_text()
+    assert str(PACKAGE_DIR / "__init__.py") in autograded and sys.prefix in autograded
+    for page in (root / "feedback").rglob("*.html"):
+        text = _text(page)
+        assert not [path for path in server if path in text], page
+    reach = _text(root / "feedback" / "mal_reach" / NAME / f"{NAME}.html")
+    assert ("WHERE dpmp_lab/__init__.py <site-packages>/torch/__init__.py "
+            "<python>/json/__init__.py") in reach
+    blank = _text(root / "feedback" / "ben_l17" / NAME / f"{NAME}.html")
+    launches = blank.split("LaunchError: ")[1:]   # gather_tests, gather_comm_tests
+    assert any("ranks 0, 1 raised NotImplementedError" in text for text in launches)
+    for text in launches:   # (a rank stopped before it reported is named alone, rightly)
+        assert not ("rank 0 raised NotImplementedError" in text
+                    and "rank 1 raised NotImplementedError" in text)
 
 
 def test_the_report_lists_the_flagged_with_their_reasons(graded_class):

@@ -5,13 +5,17 @@ feedback masks every hidden line wherever it shows."""
 
 from __future__ import annotations
 
+import os
 import types
 
 import nbformat
 import pytest
+import torch.distributed
 
+import dpmp_lab as dl
 from dpmp_lab.instructor import nbgrader_plugin, receipts
 from dpmp_lab.instructor.nbgrader_plugin import GuardedExecute, HideHiddenTests, OutputLimitExceeded
+from dpmp_lab.instructor.server_paths import mask_paths, server_paths
 
 
 def _cell(source: str, **meta) -> nbformat.NotebookNode:
@@ -123,3 +127,47 @@ def test_feedback_masks_every_hidden_line_wherever_it_shows():
     text = "\n".join(nb.cells[0].outputs[0].traceback) + nb.cells[0].outputs[1].text
     assert "assert f(3) == 9" not in text and nbgrader_plugin.HIDDEN_LINE in text
     assert "ok" in text and "AssertionError: three squared" in text
+
+
+def test_feedback_masks_the_servers_paths_and_keeps_the_frames(tmp_path, monkeypatch):
+    """A traceback through the package, torch and the standard library names the files as
+    `dpmp_lab/...`, `<site-packages>/...` and `<python>/...`; the grader's scratch course (the
+    feedback step's working directory) is `<course>`."""
+    package = os.path.dirname(dl.__file__)
+    torch_file = torch.distributed.__file__
+    stdlib = os.path.dirname(os.__file__)
+    monkeypatch.chdir(tmp_path)
+    nb = nbformat.v4.new_notebook()
+    cell = _cell("check(f)\n", grade=True, solution=False, grade_id="t", points=1, locked=True)
+    trace = (f'File \x1b[0;32m{package}/check/numbers.py:12\x1b[0m, in close\n'
+             f'  File "{torch_file}", line 3, in all_reduce\n'
+             f'  File "{stdlib}/threading.py", line 9\n'
+             f'  File "{tmp_path}/autograded/ann/00_launch/x.py", line 1\n'
+             f'  File "{tmp_path}2/x.py", line 1\n')
+    cell.outputs = [nbformat.v4.new_output("error", ename="CheckFailed", evalue=trace,
+                                           traceback=[trace]),
+                    nbformat.v4.new_output("stream", name="stderr", text=trace)]
+    nb.cells = [cell]
+    HideHiddenTests().preprocess(nb, {})
+    for text in (nb.cells[0].outputs[0].traceback[0], nb.cells[0].outputs[0].evalue,
+                 nb.cells[0].outputs[1].text):
+        assert package not in text and os.path.dirname(torch_file) not in text
+        assert f"{stdlib}/" not in text and f"{tmp_path}/" not in text
+        assert "dpmp_lab/check/numbers.py:12" in text
+        assert '"<site-packages>/torch/distributed/__init__.py", line 3' in text
+        assert '"<python>/threading.py", line 9' in text
+        assert '"<course>/autograded/ann/00_launch/x.py"' in text
+        assert f'"{tmp_path}2/x.py"' in text   # another folder that only starts the same
+
+
+def test_server_paths_name_the_most_precise_folder_first():
+    places = server_paths([("/srv/course", "<course>")])
+    lengths = [len(p) for p, _ in places]
+    assert lengths == sorted(lengths, reverse=True)
+    assert ("/srv/course", "<course>") in places
+    assert mask_paths("/srv/course/a.py and /srv/courses/b.py", places) == (
+        "<course>/a.py and /srv/courses/b.py")
+    home = os.path.expanduser("~")
+    tilde = server_paths([(f"{home}/work/c", "<course>")])
+    assert mask_paths("~/work/c/x.py", tilde) == "<course>/x.py"
+    assert mask_paths("no path here", []) == "no path here"

@@ -1,4 +1,4 @@
-"""What a class got wrong: `dpmp-lab report NAME` and `dpmp-lab grades`.
+"""What a class got wrong: `dpmp-lab report NAME`.
 
 After a deadline an instructor asks what to re-teach. The grader already knows why each learner
 lost points: a failed dl.check names the likely mistake and carries its key ("[hint:
@@ -9,9 +9,7 @@ failures, the likely mistakes by key, each with one example. A failure without a
 cell's own assert) is grouped by its exception and message with the numbers masked, so "for
 n=10 ..." and "for n=7 ..." count as one mistake; the stub left in place counts as "not
 attempted". Examples show no learner's name; the names appear only when asked for.
-
-Also `grades`: each learner's total per assignment from the gradebook, as CSV, since nbgrader's
-own export needs a database setup most instructors never do.
+(Grades out: grades_export.py, nbgrader's `export`.)
 """
 
 from __future__ import annotations
@@ -358,41 +356,3 @@ def write_html(report: ClassReport, root: Path, names: bool = False) -> Path:
     out.parent.mkdir(exist_ok=True)
     out.write_text(html_report(report, names), encoding="utf-8")
     return out
-
-
-# -- grades out ---------------------------------------------------------------------------------
-
-
-def grades(root: Path, names: list[str] | None = None) -> list[dict]:
-    """One row per learner and assignment: nbgrader's total score, its maximum, and whether a
-    cell waits for manual grading. Assignments in course order, learners sorted."""
-    rows = []
-    with open_gradebook(_gradebook_of(root)) as gb:
-        known = sorted(a.name for a in gb.assignments)
-        unknown = sorted(set(names or ()) - set(known))
-        if unknown:
-            raise ValueError(f"not in the gradebook: {', '.join(unknown)} (graded: "
-                             f"{', '.join(known) or 'nothing yet'})")
-        for name in names or known:
-            for sub in sorted(gb.assignment_submissions(name), key=lambda s: s.student_id):
-                rows.append({"student": sub.student_id, "assignment": name,
-                             "score": sub.score, "max_score": sub.max_score,
-                             "needs_manual_grade": bool(sub.needs_manual_grade),
-                             "timestamp": sub.timestamp.isoformat() if sub.timestamp else ""})
-    return rows
-
-
-def grades_csv(rows: list[dict]) -> str:
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, ["student", "assignment", "score", "max_score",
-                             "needs_manual_grade", "timestamp"])
-    w.writeheader()
-    for row in rows:
-        w.writerow({**row, "score": f"{row['score']:g}", "max_score": f"{row['max_score']:g}"})
-    return buf.getvalue()
-
-
-def grades_text(rows: list[dict]) -> str:
-    return str(Table(["student", "assignment", "score", "max", "manual grading"],
-                     [[r["student"], r["assignment"], f"{r['score']:g}", f"{r['max_score']:g}",
-                       "needed" if r["needs_manual_grade"] else ""] for r in rows]))

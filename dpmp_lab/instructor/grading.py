@@ -25,6 +25,7 @@ of that protocol: the one writer.
 from __future__ import annotations
 
 import json
+import secrets
 import shutil
 import tempfile
 import time
@@ -33,6 +34,7 @@ import warnings
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 from nbgrader.api import Gradebook, MissingEntry
@@ -53,6 +55,7 @@ from dpmp_lab.instructor.limits import Cgroups, Limits, held_text
 from dpmp_lab.launcher.launch import usable_cores
 
 STATE = ".dpmp_grading"        # {assignment}.json: what was graded, from which files
+TIMESTAMP, SECRET = "timestamp.txt", "submission_secret.txt"   # nbgrader's, per submission
 UNSANDBOXED = ("WARNING: grading WITHOUT the sandbox (--no-sandbox): every submission's code "
                "runs as this user, able to read and change the gradebook, solutions/, "
                "nbgrader_config.py and other learners' work, and to leave processes behind. "
@@ -92,11 +95,12 @@ def default_jobs(n_submissions: int) -> int:
 # -- the parent: the course's gradebook, one writer ------------------------------------------------
 
 
-def record(gb: Gradebook, name: str, outcome: Graded) -> None:
+def record(gb: Gradebook, name: str, outcome: Graded) -> tuple[float, float]:
     """Write one outcome into the course's gradebook, replacing what it held for the student.
     A submission that could not be graded, or that was flagged (a forgery suspected), gets
     zero on every graded cell, flagged for manual grading, so it is neither lost nor given
-    points it did not earn."""
+    points it did not earn. Manual scores given earlier stay (only the automatic ones are
+    written). Returns what the gradebook now holds: (points, late penalty)."""
     gb.update_or_create_student(outcome.student)
     kwargs = {"timestamp": outcome.timestamp} if outcome.timestamp else {}
     with warnings.catch_warnings():   # nbgrader's own autograde warns the same, harmlessly
@@ -113,21 +117,17 @@ def record(gb: Gradebook, name: str, outcome: Graded) -> None:
         for c in nb.comments:
             c.auto_comment = outcome.comments.get((nb.name, c.name)) if outcome.graded else None
     gb.db.commit()
-
-
-# What `nbgrader release_feedback` reads beside a feedback page (the submission's timestamp
-# and the secret its released name is hashed from); it hands the learner the page alone.
-FEEDBACK_RECORDS = ("timestamp.txt", "submission_secret.txt")
+    return sub.score, sub.late_submission_penalty or 0.0
 
 
 def _install(root: Path, name: str, outcome: Graded) -> None:
     """Put the job's autograded notebook and feedback in the course's folders (or remove
-    stale ones, when this grading failed). Feedback is the notebooks' HTML pages and nothing
-    else: nbgrader would also copy every file of the graded folder, learner-made or not.
-    Beside them, for `nbgrader release_feedback`, the submission's FEEDBACK_RECORDS, taken
-    from the course's own copy in submitted/."""
+    stale ones, when this grading failed). Feedback is the notebooks' HTML pages and the two
+    files `nbgrader release_feedback` reads (feedback_receipt), nothing else: nbgrader would
+    also copy every file of the graded folder, learner-made or not."""
     for kind in ("autograded", "feedback"):
         dest = root / kind / outcome.student / name
+        earlier = {f: (dest / f).read_text() for f in (TIMESTAMP, SECRET) if (dest / f).is_file()}
         if dest.exists():
             shutil.rmtree(dest)
         made = outcome.scratch / kind / outcome.student / name if outcome.scratch else None
@@ -139,10 +139,23 @@ def _install(root: Path, name: str, outcome: Graded) -> None:
             dest.mkdir()
             for page in made.glob("*.html"):
                 shutil.copy(page, dest / page.name)
-            for record in FEEDBACK_RECORDS:
-                kept = root / "submitted" / outcome.student / name / record
-                if kept.is_file():
-                    shutil.copy(kept, dest / record)
+            submitted = root / "submitted" / outcome.student / name
+            for file, text in feedback_receipt(submitted, outcome.timestamp, earlier).items():
+                (dest / file).write_text(text)
+
+
+def feedback_receipt(submitted: Path, when: datetime | None,
+                     earlier: dict[str, str] | None = None) -> dict[str, str]:
+    """{timestamp.txt: ..., submission_secret.txt: ...} for a feedback folder: `nbgrader
+    release_feedback` reads both there and stops at the first folder without them. `nbgrader
+    collect` puts them in the submission; a submission placed by hand has neither, so its
+    time is the one graded (the gradebook's, else now) and its secret a new one, kept from
+    an earlier grading (`earlier`): its page is released under a name no Assignment List
+    asks for, since the learner never submitted through the exchange."""
+    made = {TIMESTAMP: f"{when or datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S.%f} UTC",
+            SECRET: secrets.token_hex(64)}
+    return {file: (submitted / file).read_text() if (submitted / file).is_file()
+            else (earlier or {}).get(file) or made[file] for file in (TIMESTAMP, SECRET)}
 
 
 def gradebook_dump(url: str, name: str) -> dict:
@@ -202,16 +215,23 @@ def _outcome_of(future: Future, student: str) -> Graded:
                       reason=f"grading failed: {type(exc).__name__}: {exc}")
 
 
-def progress_line(done: int, total: int, outcome: Graded, running: int) -> str:
+def progress_line(done: int, total: int, outcome: Graded, running: int,
+                  recorded: tuple[float, float] | None = None) -> str:
     """'[3/12] alice: graded, 7 points (14 s); 2 running', '... NOT GRADED: why' or
-    '... FLAGGED for manual grading, 0 points: why'."""
+    '... FLAGGED for manual grading, 0 points: why'. `recorded`: the gradebook's (points, late
+    penalty) after recording, which the line gives as the learner's score (what `nbgrader
+    export` writes), with the automatic points where manual grades made them differ."""
     if outcome.flagged:
         what = (f"FLAGGED for manual grading, 0 points: {outcome.flagged[0]}"
                 + (f" (and {len(outcome.flagged) - 1} more)" if len(outcome.flagged) > 1
                    else ""))
     elif outcome.graded:
-        got = sum(s or 0 for s, _ in outcome.scores.values())
-        what = f"graded, {got:g} points"
+        auto = sum(s or 0 for s, _ in outcome.scores.values())
+        points, penalty = recorded if recorded else (auto, 0.0)
+        notes = ([f"{auto:g} automatic, with manual grades {points:g}"] if points != auto
+                 else []) + ([f"late penalty {penalty:g}"] if penalty else [])
+        what = (f"graded, {max(0.0, points - penalty):g} points"
+                + (f" ({'; '.join(notes)})" if notes else ""))
     else:
         what = f"NOT GRADED: {outcome.reason}"
     return (f"[{done}/{total}] {outcome.student}: {what} ({outcome.seconds:.0f} s)"
@@ -298,7 +318,7 @@ def grade_class(name: str, *, root: Path | None = None, jobs: int | None = None,
                     done, pending = wait(pending, return_when=FIRST_COMPLETED)
                     for future in done:
                         outcome = _outcome_of(future, of[future])
-                        record(gb, name, outcome)
+                        recorded = record(gb, name, outcome)
                         _install(root, name, outcome)
                         state[outcome.student] = {"fingerprint": outcome.fingerprint,
                                                   "graded": outcome.graded,
@@ -309,7 +329,7 @@ def grade_class(name: str, *, root: Path | None = None, jobs: int | None = None,
                         if outcome.scratch:
                             shutil.rmtree(outcome.scratch, ignore_errors=True)
                         say(progress_line(len(outcomes), len(todo), outcome,
-                                          min(jobs, len(todo) - len(outcomes))))
+                                          min(jobs, len(todo) - len(outcomes)), recorded))
             except BaseException:   # Ctrl-C or a broken gradebook: stop every job, then say
                 for future in pending:
                     future.cancel()
@@ -353,5 +373,6 @@ def _snapshot(root: Path, base: Path) -> Path:
     return snapshot
 
 
-__all__ = ["SandboxUnavailable", "Summary", "default_jobs", "ensure_assignment", "grade_class", "gradebook_dump",
-           "record", "submissions"]
+__all__ = ["SandboxUnavailable", "Summary", "default_jobs", "ensure_assignment",
+           "feedback_receipt", "grade_class", "gradebook_dump", "progress_line", "record",
+           "submissions"]

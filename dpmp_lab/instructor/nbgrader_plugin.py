@@ -11,13 +11,16 @@ back. nbgrader_config.py calls `configure(c)`; `dpmp-lab grade` adds one job's s
 - `HideHiddenTests` runs in generate_feedback: it removes the hidden tests from the cells
   (nbgrader's ClearHiddenTests) and masks every line of them wherever it appears in an
   output (a traceback of a failed hidden assert prints its line), so feedback never carries
-  the hidden tests.
+  the hidden tests; and it masks the server's paths in the outputs (server_paths.py).
+- `nbgrader export` uses grades_export.GradesExport.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +32,10 @@ from nbgrader.preprocessors import ClearHiddenTests, Execute, GetGrades
 from traitlets import Bool, Integer, Unicode
 
 from dpmp_lab.instructor import receipts, scan
+from dpmp_lab.instructor.grades_export import GradesExport
 from dpmp_lab.instructor.limits import Limits
 from dpmp_lab.instructor.sandbox_kernel import SandboxedKernelManager
+from dpmp_lab.instructor.server_paths import mask_paths, server_paths
 
 FORGED = "TamperingDetected"
 HIDDEN_LINE = "[a line of the hidden tests]"
@@ -191,7 +196,9 @@ class GuardedExecute(Execute):
 
 
 class HideHiddenTests(ClearHiddenTests):
-    """Feedback without the hidden tests: not in the cells, not in any output."""
+    """Feedback without the hidden tests (not in the cells, not in any output) and without the
+    server's paths in the outputs (server_paths.py: the package, the environment, the grader's
+    scratch course, which is the working directory of nbgrader's feedback step)."""
 
     min_length = Integer(8, help="Hidden lines shorter than this are not masked in outputs "
                          "(`)` or `else:` say nothing)").tag(config=True)
@@ -200,9 +207,11 @@ class HideHiddenTests(ClearHiddenTests):
         hidden = hidden_lines(nb, self.begin_test_delimeter, self.end_test_delimeter,
                               self.min_length)
         nb, resources = super().preprocess(nb, resources)
+        places = server_paths([(os.getcwd(), "<course>")])
         for cell in nb.cells:
             for out in cell.get("outputs", []):
                 mask_output(out, hidden)
+                map_output_text(out, lambda text: mask_paths(text, places))
         return nb, resources
 
 
@@ -229,20 +238,25 @@ def _masked(text: str, hidden: set[str]) -> str:
     return "\n".join(HIDDEN_LINE if any(h in line for h in hidden) else line for line in lines)
 
 
-def mask_output(out: Any, hidden: set[str]) -> None:
-    """Replace every line of an output that holds a hidden line (ANSI colours removed)."""
-    if not hidden:
-        return
+def map_output_text(out: Any, change: Callable[[str], str]) -> None:
+    """Apply `change` to every text an output shows: a stream, an error's value and
+    traceback, a result's text forms."""
     if out.get("output_type") == "stream":
-        out["text"] = _masked(out.get("text", ""), hidden)
+        out["text"] = change(out.get("text", ""))
     elif out.get("output_type") == "error":
-        out["evalue"] = _masked(out.get("evalue", ""), hidden)
-        out["traceback"] = [_masked(t, hidden) for t in out.get("traceback", [])]
+        out["evalue"] = change(out.get("evalue", ""))
+        out["traceback"] = [change(t) for t in out.get("traceback", [])]
     else:
         data = out.get("data", {})
         for mime in ("text/plain", "text/html", "text/markdown", "text/latex"):
             if isinstance(data.get(mime), str):
-                data[mime] = _masked(data[mime], hidden)
+                data[mime] = change(data[mime])
+
+
+def mask_output(out: Any, hidden: set[str]) -> None:
+    """Replace every line of an output that holds a hidden line (ANSI colours removed)."""
+    if hidden:
+        map_output_text(out, lambda text: _masked(text, hidden))
 
 
 def autograde_preprocessors(defaults: list) -> list:
@@ -261,6 +275,7 @@ def configure(c: Any, job: dict | None = None) -> None:
     c.Autograde.autograde_preprocessors = autograde_preprocessors(
         Autograde.class_traits()["autograde_preprocessors"].default())
     c.GenerateFeedback.preprocessors = feedback_preprocessors()
+    c.ExportApp.plugin_class = GradesExport   # plain `nbgrader export` writes dpmp_lab's CSV
     job = job or {}
     if "sandbox" in job:
         c.GuardedExecute.sandbox = bool(job["sandbox"])
@@ -272,6 +287,6 @@ def configure(c: Any, job: dict | None = None) -> None:
             setattr(c.SandboxedKernelManager, key, job[key])
 
 
-__all__ = ["GuardedExecute", "HideHiddenTests", "OutputLimitExceeded", "autograde_preprocessors",
-           "configure", "feedback_preprocessors", "hidden_lines", "mark_forged", "mask_output",
-           "split_cells"]
+__all__ = ["GradesExport", "GuardedExecute", "HideHiddenTests", "OutputLimitExceeded",
+           "autograde_preprocessors", "configure", "feedback_preprocessors", "hidden_lines",
+           "map_output_text", "mark_forged", "mask_output", "split_cells"]

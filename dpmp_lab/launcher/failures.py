@@ -55,34 +55,45 @@ class RankFailure:
     signal: signal.Signals | None = None
     output_tail: str = ""
 
-    def describe(self) -> str:
+    def describe(self, alike: Sequence[int] = ()) -> str:
+        """What went wrong in this rank, or in the ranks `alike` that failed the same way."""
+        who = ranks_text(alike) if len(alike) > 1 else f"rank {self.rank}"
         if self.reason == Reason.EXCEPTION:
-            head = f"rank {self.rank} raised {self.exc_type}: {self.message}"
+            head = f"{who} raised {self.exc_type}: {self.message}"
             return head + "\n" + indent(self.traceback.rstrip())
         if self.reason == Reason.SIGNAL:
             head = (
-                f"rank {self.rank} was killed by signal {self.signal.name} "
-                f"({SIGNAL_HINTS.get(self.signal.name, 'the process died')})"
+                f"{who} {'were' if len(alike) > 1 else 'was'} killed by signal "
+                f"{self.signal.name} ({SIGNAL_HINTS.get(self.signal.name, 'the process died')})"
             )
             if self.traceback:
                 head += "\n" + indent(self.traceback.rstrip())
         elif self.reason == Reason.EXIT:
-            head = f"rank {self.rank} exited with code {self.exitcode} before returning"
+            head = f"{who} exited with code {self.exitcode} before returning"
         elif self.reason == Reason.UNGUARDED:
-            head = (f"rank {self.rank} stopped while importing the main script, which calls "
+            head = (f"{who} stopped while importing the main script, which calls "
                     "dl.launch at its top level")
         elif self.reason in (Reason.UNPICKLABLE, Reason.UNREADABLE):
             head = self.message  # a sentence of its own, naming the rank (see `unpicklable`)
         elif self.reason == Reason.DESTROYED_GROUP:
-            head = (f"rank {self.rank} returned after destroying its process group itself "
+            head = (f"{who} returned after destroying its process group itself "
                     "(dist.destroy_process_group())")
         else:
-            head = f"rank {self.rank} did not finish: {self.message}"
+            head = f"{who} did not finish: {self.message}"
             if self.traceback:
                 head += "\n" + indent(self.traceback.rstrip())
         if self.output_tail.strip():
-            head += f"\n  last output of rank {self.rank}:\n" + indent(self.output_tail.rstrip(), 4)
+            head += f"\n  last output of {who}:\n" + indent(self.output_tail.rstrip(), 4)
         return head
+
+
+def alike(failures: dict[int, RankFailure]) -> list[list[RankFailure]]:
+    """The failures grouped by what they say but the rank, in the order of each group's first
+    rank: four ranks that raised the same error from the same line are told once."""
+    groups: dict[str, list[RankFailure]] = {}
+    for failure in failures.values():
+        groups.setdefault(dataclasses.replace(failure, rank=-1).describe(), []).append(failure)
+    return list(groups.values())
 
 
 SIGNAL_HINTS = {
@@ -115,8 +126,8 @@ class LaunchError(RuntimeError):
 
     def report(self) -> str:
         lines = [self.summary]
-        for failure in self.failures.values():
-            lines.append(failure.describe())
+        for group in alike(self.failures):
+            lines.append(group[0].describe(sorted(f.rank for f in group)))
         if self.finished:
             lines.append(f"{ranks_text(self.finished)} had returned.")
         if self.stopped:
