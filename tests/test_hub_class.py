@@ -62,7 +62,9 @@ from .browser_pages import (
 from .conftest import ROOT, _proc_table
 from .notebook_sources import source_notebook
 
-pytestmark = pytest.mark.slow
+# a hub, two JupyterLabs, Chromium and a sandboxed grading: 80-110 s alone, over pytest-timeout's
+# 300 s once while both grading fixtures ran beside it on this 2-core machine
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 ARTIFACTS = ROOT / "test-artifacts" / "hub"
 NAME = "00_launch"
