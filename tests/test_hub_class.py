@@ -62,8 +62,8 @@ from .browser_pages import (
 from .conftest import ROOT, _proc_table
 from .notebook_sources import source_notebook
 
-# a hub, two JupyterLabs, Chromium and a sandboxed grading: 80-110 s alone, over pytest-timeout's
-# 300 s once while both grading fixtures ran beside it on this 2-core machine
+# a hub, two JupyterLabs, Chromium and a sandboxed grading: 80-110 s on this 2-core machine, and
+# 254-272 s while other work loaded it, near pytest-timeout's 300 s for the suite
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 ARTIFACTS = ROOT / "test-artifacts" / "hub"
