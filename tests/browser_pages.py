@@ -9,13 +9,15 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import socket
+import subprocess
 import time
 
 import nbformat
 import pytest
 
-from .conftest import _proc_table
+from .conftest import proc_table
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 CHROMIUM_ARGS = [  # without the network flags Chromium keeps dialling out on a closed network
@@ -74,7 +76,7 @@ def free_port() -> int:
 
 
 def descendants(pid: int) -> dict[int, tuple[int, str]]:
-    table = _proc_table()
+    table = proc_table()
     found, frontier = {}, [pid]
     while frontier:
         parent = frontier.pop()
@@ -83,6 +85,33 @@ def descendants(pid: int) -> dict[int, tuple[int, str]]:
                 found[child] = (ppid, cmd)
                 frontier.append(child)
     return found
+
+
+def stop_group(proc: subprocess.Popen, log, sig: int, started: dict[int, tuple[int, str]],
+               grace: float = 0.0) -> list[str]:
+    """Send `sig` to `proc`'s process group (SIGKILL after 30 s) and close its log; then kill
+    what of `started` (descendants(), taken while it ran) is still the same process after
+    `grace` seconds, and return those as "pid command"."""
+    try:
+        os.killpg(proc.pid, sig)
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        log.close()
+
+    def alive() -> list[int]:
+        table = proc_table()
+        return [p for p, (_, cmd) in started.items() if table.get(p, (0, ""))[1] == cmd]
+
+    end = time.monotonic() + grace
+    while alive() and time.monotonic() < end:
+        time.sleep(0.2)
+    left = alive()
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    return [f"{pid} {started[pid][1]}" for pid in left]
 
 
 def wait_for(condition, seconds: float, what: str):

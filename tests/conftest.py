@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 _HELPERS = ("multiprocessing.forkserver", "multiprocessing.resource_tracker")
 
 
-def _proc_table() -> dict[int, tuple[int, str]]:
+def proc_table() -> dict[int, tuple[int, str]]:
     table = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -34,7 +34,7 @@ def _proc_table() -> dict[int, tuple[int, str]]:
 
 def stray_processes() -> list[str]:
     """Descendants of this process other than multiprocessing's own helpers."""
-    table = _proc_table()
+    table = proc_table()
     me, found, frontier = os.getpid(), [], [os.getpid()]
     while frontier:
         parent = frontier.pop()

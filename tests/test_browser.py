@@ -27,7 +27,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -49,9 +48,10 @@ from .browser_pages import (
     playwright_api,
     prompt,
     run,
+    stop_group,
     wait_for,
 )
-from .conftest import ROOT, _proc_table
+from .conftest import ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -145,28 +145,8 @@ class Lab:
 
     def stop(self) -> list[str]:
         """Stop the server as Ctrl-C would; return what outlived it (killed, then reported)."""
-        before = descendants(self.proc.pid)
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-        finally:
-            self.log.close()
-        alive = lambda: [p for p in before if _same_process(p, before[p][1])]  # noqa: E731
-        end = time.monotonic() + 10
-        while alive() and time.monotonic() < end:
-            time.sleep(0.2)
-        left = [f"{p} {before[p][1]}" for p in alive()]
-        for pid in alive():
-            os.kill(pid, signal.SIGKILL)
-        return left
-
-
-def _same_process(pid: int, cmd: str) -> bool:
-    entry = _proc_table().get(pid)
-    return entry is not None and entry[1] == cmd
+        return stop_group(self.proc, self.log, signal.SIGTERM, descendants(self.proc.pid),
+                          grace=10)
 
 
 # -- the page --------------------------------------------------------------------------------

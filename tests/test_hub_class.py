@@ -58,10 +58,11 @@ from .browser_pages import (
     output,
     playwright_api,
     run,
+    stop_group,
     unavailable,
     wait_for,
 )
-from .conftest import ROOT, _proc_table
+from .conftest import ROOT, proc_table
 from .notebook_sources import source_notebook
 
 # a hub, two JupyterLabs, Chromium and a sandboxed grading: 80-110 s on this 2-core machine, and
@@ -151,7 +152,7 @@ class Accounts:
     def processes(self) -> list[str]:
         """What the accounts run, zombies (dead, not yet reaped) left out."""
         uids, found = self.uids(), []
-        for pid, (_, cmd) in _proc_table().items():
+        for pid, (_, cmd) in proc_table().items():
             try:
                 state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
                 if os.stat(f"/proc/{pid}").st_uid in uids and state != "Z":
@@ -222,20 +223,7 @@ class Hub:
         """Stop the hub as Ctrl-C would (it stops the servers and its proxy); return what
         outlived it, killed."""
         self.started.update(descendants(self.proc.pid))
-        try:
-            os.killpg(self.proc.pid, signal.SIGINT)
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-        finally:
-            self.log.close()
-        table = _proc_table()
-        left = [f"{p} {cmd}" for p, (_, cmd) in self.started.items() if table.get(p, (0, ""))[1]
-                == cmd]
-        for entry in left:
-            os.kill(int(entry.split()[0]), signal.SIGKILL)
-        return left
+        return stop_group(self.proc, self.log, signal.SIGINT, self.started)
 
 
 class Phases:

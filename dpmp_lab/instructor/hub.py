@@ -48,20 +48,21 @@ class HubConfigError(ValueError):
     """A DPMP_LAB_HUB_* setting the hub cannot start with; the message says which and why."""
 
 
-def _names(text: str, what: str) -> tuple[str, ...]:
-    names = tuple(n for n in re.split(r"[,\s]+", text.strip()) if n)
-    bad = [n for n in names if not USER_NAME.fullmatch(n)]
+def _listed(text: str, what: str, form: re.Pattern, kind: str) -> tuple[str, ...]:
+    """The comma- or space-separated items of a setting, each of `form`, else which are not."""
+    items = tuple(item for item in re.split(r"[,\s]+", text.strip()) if item)
+    bad = [item for item in items if not form.fullmatch(item)]
     if bad:
-        raise HubConfigError(f"{PREFIX}{what}: not a user name: {', '.join(bad)}")
-    return names
+        raise HubConfigError(f"{PREFIX}{what}: not a {kind}: {', '.join(bad)}")
+    return items
+
+
+def _names(text: str, what: str) -> tuple[str, ...]:
+    return _listed(text, what, USER_NAME, "user name")
 
 
 def _gpu_ids(text: str, what: str) -> tuple[str, ...]:
-    ids = tuple(g for g in re.split(r"[,\s]+", text.strip()) if g)
-    bad = [g for g in ids if not GPU_ID.fullmatch(g)]
-    if bad:
-        raise HubConfigError(f"{PREFIX}{what}: not a GPU number: {', '.join(bad)}")
-    return ids
+    return _listed(text, what, GPU_ID, "GPU number")
 
 
 def server_gpus() -> tuple[str, ...]:
