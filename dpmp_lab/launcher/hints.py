@@ -1,0 +1,43 @@
+"""What a failed launch tells the learner to do, as data: one hint per kind of failure.
+
+failures.py picks the hint from what the ranks did; the words live here, so that changing
+what a learner reads touches no logic.
+"""
+
+SIGNAL_HINTS = {
+    "SIGABRT": "aborted; with gloo this is often a collective whose tensors differ in size "
+    "or dtype across ranks",
+    "SIGSEGV": "segmentation fault in native code",
+    "SIGKILL": "killed from outside, often by the out-of-memory killer",
+    "SIGBUS": "bus error in native code, often shared memory running out",
+    "SIGFPE": "arithmetic error in native code",
+}
+
+HANG_HINT = (
+    "a rank that never finishes is usually waiting in a collective that another rank did not "
+    "call: a collective inside `if rank == ...`, a different number of loop iterations per rank, "
+    "or collectives issued in a different order. The stack above shows where each rank waited."
+)
+P2P_HANG_HINT = (
+    "a send or recv that never completes: its partner never posted the matching recv or send "
+    "(or posted it with another peer or tag), or every rank sent first and waits for a receiver "
+    "that is itself sending (gloo's blocking send returns only once the receiver took the data). "
+    "Post both directions at once with isend/irecv (or dist.batch_isend_irecv) and wait on "
+    "them, or order them (even ranks send first, odd ranks receive first). The stack above "
+    "shows where each rank waited."
+)
+
+UNPICKLABLE_HINT = (
+    "a result is pickled in the rank and unpickled in the notebook, so an object of a class "
+    "the notebook cannot import (defined in a module only the ranks see), or one whose "
+    "unpickling raises, cannot come back. Return plain values, numbers or tensors, or define "
+    "the class in the notebook."
+)
+
+DESTROYED_GROUP_HINT = (
+    "the launcher destroys every rank's process group once all of them returned. A rank that "
+    "destroys its own earlier closes the connections its peers still wait on, so they fail "
+    "(gloo: \"Connection closed by peer\") or time out instead of finishing: remove "
+    "dist.destroy_process_group() from the function. If the peers then hang, that rank never "
+    "called the collective they wait in."
+)
