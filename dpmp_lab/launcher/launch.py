@@ -10,9 +10,9 @@ How it works, top to bottom, and where each step lives:
      notebook travel;
   3. start one process per rank (starting.py: a forkserver with torch preloaded, fast after
      the first launch), with a rendezvous of the launch's own: a FileStore in a fresh
-     temporary directory, so two launches never collide and no port is guessed (ranks.py);
+     temporary directory, so two launches never collide and no port is guessed (supervisor.py);
   4. watch every rank's pipes: print output lines live as "[rank r] ..." (lines.py), receive
-     results (protocol.py), notice ranks that raise, die or hang (ranks.py);
+     results (protocol.py), notice ranks that raise, die or hang (supervisor.py, ranks.py);
   5. stop every rank, close every pipe, and return, or raise the LaunchError / LaunchTimeout
      that names the failing ranks and why (failures.py).
 """
@@ -44,8 +44,9 @@ from dpmp_lab.launcher.failures import (
     UnguardedLaunch,
 )
 from dpmp_lab.launcher.protocol import MAX_RESULT_BYTES
+from dpmp_lab.launcher.ranks import Request
 from dpmp_lab.launcher.starting import PRELOAD, START_METHODS, WARM_ENV, importing_main, warm_up
-from dpmp_lab.launcher.supervisor import Request, Supervisor
+from dpmp_lab.launcher.supervisor import Supervisor
 
 __all__ = [  # the launcher's public names, wherever they are defined
     "AUDIT_ENV", "BACKENDS", "DEBUG_ENV", "LOG_ENV", "PRELOAD", "START_METHODS", "WARM_ENV",

@@ -20,7 +20,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
@@ -28,9 +27,10 @@ from typing import Any
 
 from dpmp_lab.launcher import failures, processes, stacks, worker
 from dpmp_lab.launcher.failures import LaunchError, RankFailure
-from dpmp_lab.launcher.lines import LineSplitter, labelled
+from dpmp_lab.launcher.lines import labelled
 from dpmp_lab.launcher.progress import Progress
 from dpmp_lab.launcher.protocol import Outcome, Pipe, RankState, Started
+from dpmp_lab.launcher.ranks import Rank, Request
 from dpmp_lab.launcher.receiving import Result, receive
 from dpmp_lab.launcher.starting import starting
 
@@ -39,52 +39,6 @@ CAUSE_GRACE_S = 1.0  # the same when every failure so far is a lost peer: time f
 DRAIN_S = 2.0  # after stopping: time to collect the last output of killed ranks
 EXIT_WAIT_S = 5.0  # after every rank returned: time for the ranks to tear down and exit
 DUMP_WAIT_S = 2.0  # on a hang: time for faulthandler to write the stuck ranks' stacks
-
-
-@dataclass(frozen=True)
-class Request:
-    """A launch request that passed launch's checks: what starting the ranks needs."""
-
-    world_size: int
-    backend: str
-    timeout: float
-    pg_timeout: float
-    start_method: str
-    env: dict[str, str]
-    threads: int
-    max_result_bytes: int  # the most a rank may send back, pickled (it checks; so does receive)
-    device_audit: bool = False
-
-
-@dataclass
-class Rank:
-    """One rank's process, the launcher's ends of its pipes, and what it said so far."""
-
-    rank: int
-    proc: BaseProcess
-    out: Connection
-    err: Connection
-    msg: Connection
-    dump: Connection
-    release: Connection
-    state: RankState = RankState.STARTING
-    value: Any = None
-    trace: Any = None
-    main_thread: int | None = None
-    destroyed_group: bool = False  # it returned, with its process group destroyed by fn
-    exited: bool = False
-    chunks: list[str] = field(default_factory=list)  # stdout and stderr, as they arrived
-    dumps: list[str] = field(default_factory=list)
-    lines: dict[Pipe, LineSplitter] = field(
-        default_factory=lambda: {Pipe.OUT: LineSplitter(), Pipe.ERR: LineSplitter()})
-
-    @property
-    def output(self) -> str:
-        return "".join(self.chunks)
-
-    @property
-    def finished(self) -> bool:
-        return self.state in (RankState.RETURNED, RankState.FAILED)
 
 
 class Supervisor:

@@ -1,6 +1,6 @@
 """What runs inside one rank: set the process up, run the learner's function, report back.
 
-The launcher (ranks.py) starts one process per rank with `rank_main` as its target. A rank
+The launcher (supervisor.py) starts one process per rank with `rank_main` as its target. A rank
 talks to the launcher through plain pipes (protocol.Pipe):
 
     out, err   the rank's file descriptors 1 and 2, so native messages (gloo, NCCL) are kept
