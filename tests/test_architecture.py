@@ -46,7 +46,7 @@ LAYERS = {
     # 0: imports nothing from dpmp_lab but other layer-0 modules
     "render": 0, "_helpers": 0, "compat": 0, "integrity": 0, "launcher.protocol": 0,
     "launcher.lines": 0, "launcher.serialize": 0, "launcher.processes": 0, "launcher.cores": 0,
-    "launcher.hints": 0,
+    "launcher.hints": 0, "launcher.flight": 0,
     "instructor.scan": 0, "instructor.sandbox": 0, "instructor.limits": 0,
     "instructor.nbgrader_steps": 0,
     "instructor.server_paths": 0,

@@ -538,6 +538,10 @@ def test_skipped_collective_is_a_timeout_naming_the_stuck_ranks():
     for f in err.failures.values():
         assert "in skip_a_collective" in f.traceback and "dist.all_reduce" in f.traceback
     assert "ranks 0, 2 of 3 did not finish" in str(err) and "rank 1 had returned" in str(err)
+    # torch's flight record of every rank, the one that returned too: who issued what
+    assert sorted(err.flight_records) == [0, 1, 2]
+    assert "ranks 0, 2 issued collective #1, all_reduce([2] float32) and wait in it" in str(err)
+    assert "rank 1 issued no collective at all" in str(err)
 
 
 def test_process_group_timeout_is_reported_as_a_hang():
@@ -545,6 +549,52 @@ def test_process_group_timeout_is_reported_as_a_hang():
         dl.launch(skip_a_collective, world_size=2, timeout=30, pg_timeout=2, stream=False)
     f = info.value.failures[0]
     assert "process-group timeout" in f.message and "all_reduce" in f.traceback
+    assert sorted(info.value.flight_records) == [0, 1]
+    assert "rank 1 issued no collective at all" in str(info.value)
+
+
+WATCHDOG_LINE = (  # nccl's, as torch 2.11 wrote it on an H200 (tools/nccl_checks.py)
+    "[rank0]:[E1204 17:28:42.945428078 ProcessGroupNCCL.cpp:689] [Rank 0] Watchdog caught "
+    "collective operation timeout: WorkNCCL(SeqNum=2, OpType=ALLREDUCE, NumelIn=4, NumelOut=4, "
+    "Timeout(ms)=3000) ran for 3096 milliseconds before timing out.")
+
+
+def watchdog_fires_in_rank_0():
+    dist.all_reduce(torch.ones(4))
+    if dist.get_rank() == 0:   # what nccl's watchdog thread prints while the rank waits on
+        threading.Timer(0.5, os.write, (2, (WATCHDOG_LINE + "\n").encode())).start()
+        dist.all_reduce(torch.ones(4))
+    else:
+        time.sleep(60)
+
+
+def test_nccls_watchdog_ends_the_launch_at_once_with_the_flight_record():
+    # on nccl the watchdog reports a collective past the process-group timeout and the rank
+    # lives on (torch 2.11, measured): the launch stops there instead of at its own timeout
+    t0 = time.monotonic()
+    with pytest.raises(dl.LaunchTimeout) as info:
+        dl.launch(watchdog_fires_in_rank_0, world_size=2, timeout=60, pg_timeout=30,
+                  stream=False)
+    assert time.monotonic() - t0 < 15
+    err = info.value
+    assert err.failures[0].message.startswith(
+        "waited 30 s in collective #2 (allreduce, 4 elements) that did not complete")
+    assert "in watchdog_fires_in_rank_0" in err.failures[0].traceback
+    assert err.failures[1].message == "still running when another rank's collective timed out"
+    assert "in watchdog_fires_in_rank_0" in err.failures[1].traceback
+    assert "rank 1 never issued collective #2" in str(err)
+
+
+def flight_record_file() -> str:
+    return os.environ["TORCH_FR_DUMP_TEMP_FILE"]
+
+
+def test_flight_records_stay_in_the_launchs_own_folder():
+    # torch writes its record on a timeout to this prefix, /tmp/nccl_trace_rank_ by default:
+    # on a shared server, every learner's; here a folder of the launch's, removed after it
+    prefix = dl.launch(flight_record_file, world_size=2).values[0]
+    folder = os.path.dirname(prefix)
+    assert os.path.basename(folder).startswith("dpmp_lab-") and not os.path.exists(folder)
 
 
 def mismatched_collective():

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dpmp_lab._helpers import indent, ranks_text, tail
+from dpmp_lab.launcher import flight
 from dpmp_lab.launcher.hints import (
     DESTROYED_GROUP_HINT,
     HANG_HINT,
@@ -108,13 +109,16 @@ class LaunchError(RuntimeError):
 
     def __init__(self, failures: dict[int, RankFailure], *, output: list[str],
                  finished: list[int], stopped: list[int], world_size: int,
-                 summary: str | None = None, hint: str | None = None):
+                 summary: str | None = None, hint: str | None = None,
+                 flight_records: dict[int, dict] | None = None):
         self.failures = failures
         self.output = output
         self.finished = finished
         self.stopped = stopped
         self.world_size = world_size
         self.hint = hint
+        # torch's flight recorder, per rank, when the launch hung (flight.py): rank -> record
+        self.flight_records = dict(flight_records or {})
         self.summary = summary or self._default_summary()
         super().__init__(self.report())
 
@@ -130,6 +134,9 @@ class LaunchError(RuntimeError):
         if self.stopped:
             lines.append(f"{ranks_text(self.stopped)}: stopped by the launcher (they were "
                          "waiting on the ranks above, or lost their connection to them).")
+        recorded = flight.summary(self.flight_records, self.world_size)
+        if recorded and isinstance(self, LaunchTimeout):
+            lines.append(recorded)
         if self.hint:
             lines.append(f"Hint: {self.hint}")
         return "\n".join(lines)
@@ -140,10 +147,17 @@ class LaunchError(RuntimeError):
 
 
 class LaunchTimeout(LaunchError):
-    """Some ranks did not finish in time: a hang, most often a collective not every rank called."""
+    """Some ranks did not finish in time: a hang, most often a collective not every rank called.
+    Where torch records collectives, `.flight_records` holds each rank's record and the report
+    says which collective the ranks disagree on."""
 
     def _default_summary(self) -> str:
         return f"{ranks_text(self.failures)} of {self.world_size} did not finish"
+
+    def save_flight_records(self, folder: str) -> list[str]:
+        """Write the ranks' records where torch's analyser reads them:
+        `python -m torch.distributed.flight_recorder.fr_trace <folder>`."""
+        return flight.save(self.flight_records, folder)
 
 
 class UnguardedLaunch(LaunchError):
@@ -182,6 +196,31 @@ def still_running(rank: int, *, stack: str, output: str, timeout: float) -> Rank
     return RankFailure(rank, Reason.TIMEOUT,
                        message=f"still running after {timeout:g} s (launch timeout)",
                        traceback=stack, output_tail=tail(output))
+
+
+# nccl's watchdog thread, on a collective past the process-group timeout (torch 2.11):
+# "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=2, OpType=ALLREDUCE,
+# NumelIn=4, NumelOut=4, Timeout(ms)=3000) ran for 3096 milliseconds before timing out."
+# The rank then lives on (measured: 8 s and more) with its main thread still waiting.
+WATCHDOG_RE = re.compile(r"Watchdog caught collective operation timeout: WorkNCCL\((?P<work>[^)]*)\)")
+
+
+def watchdog_timeout(rank: int, line: str, *, stack: str, output: str,
+                     pg_timeout: float) -> RankFailure:
+    """A rank whose collective nccl's watchdog timed out (see WATCHDOG_RE)."""
+    found = WATCHDOG_RE.search(line)
+    work = dict(kv.split("=", 1) for kv in found["work"].split(", ") if "=" in kv) if found else {}
+    what = (f"collective #{work['SeqNum']} ({work.get('OpType', '?').lower()}, "
+            f"{work.get('NumelIn', '?')} elements)") if "SeqNum" in work else "a collective"
+    return RankFailure(rank, Reason.TIMEOUT, traceback=stack, output_tail=tail(output),
+                       message=f"waited {pg_timeout:g} s in {what} that did not complete "
+                               "(nccl's watchdog: process-group timeout)")
+
+
+def stopped_by_watchdog(rank: int, *, stack: str, output: str) -> RankFailure:
+    """A rank still running when another rank's collective timed out."""
+    return RankFailure(rank, Reason.TIMEOUT, traceback=stack, output_tail=tail(output),
+                       message="still running when another rank's collective timed out")
 
 
 def unpicklable(rank: int, error: BaseException) -> RankFailure:
@@ -271,7 +310,8 @@ def hint_for(failures: dict[int, RankFailure]) -> str | None:
 
 
 def launch_error(failures: dict[int, RankFailure], *, output: list[str], finished: list[int],
-                 pg_timeout: float, destroyed: Sequence[int] = ()) -> LaunchError:
+                 pg_timeout: float, destroyed: Sequence[int] = (),
+                 flight_records: dict[int, dict] | None = None) -> LaunchError:
     """The error for ranks that failed (in the order noticed): causes named, consequences
     counted as stopped, and a hang behind process-group timeouts reported as a hang.
     `destroyed`: the ranks that returned with their process group destroyed by fn."""
@@ -288,7 +328,8 @@ def launch_error(failures: dict[int, RankFailure], *, output: list[str], finishe
     common = dict(output=output, finished=finished, stopped=stopped, world_size=world_size)
     if all(is_collective_timeout(f) for f in causes.values()):
         hung = {rank: _waited(f, pg_timeout) for rank, f in sorted(causes.items())}
-        return LaunchTimeout(hung, hint=hang_hint(hung), **common)
+        return LaunchTimeout(hung, hint=hang_hint(hung), flight_records=flight_records,
+                             **common)
     return LaunchError(causes, hint=hint_for(causes), **common)
 
 
@@ -323,11 +364,13 @@ def group_destroyed(destroyers: Sequence[int], waiting: dict[int, RankFailure], 
 
 
 def launch_timeout(stuck: dict[int, RankFailure], *, output: list[str],
-                   finished: list[int]) -> LaunchTimeout:
+                   finished: list[int],
+                   flight_records: dict[int, dict] | None = None) -> LaunchTimeout:
     """The error for ranks still running at the launch timeout (see `still_running`)."""
     stuck = dict(sorted(stuck.items()))
     return LaunchTimeout(stuck, output=output, finished=finished, stopped=[],
-                         world_size=len(output), hint=hang_hint(stuck))
+                         world_size=len(output), hint=hang_hint(stuck),
+                         flight_records=flight_records)
 
 
 def unguarded_launch(failures: dict[int, RankFailure], *, output: list[str]) -> UnguardedLaunch:

@@ -40,6 +40,7 @@ class Outcome(Vocabulary):
     ALL_RETURNED = "all returned"
     FAILED = "failed"          # at least one rank failed
     TIMED_OUT = "timed out"    # the launch's own timeout passed first
+    WATCHDOG = "watchdog"      # nccl's watchdog timed a collective out (the rank lives on)
 
 
 class Pipe(Vocabulary):

@@ -25,7 +25,7 @@ from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from dpmp_lab.launcher import failures, processes, stacks, worker
+from dpmp_lab.launcher import failures, flight, processes, stacks, worker
 from dpmp_lab.launcher.failures import LaunchError, RankFailure
 from dpmp_lab.launcher.lines import labelled
 from dpmp_lab.launcher.progress import Progress
@@ -54,6 +54,10 @@ class Supervisor:
         self.ranks: list[Rank] = []
         self.failures: dict[int, RankFailure] = {}  # in the order they were noticed
         self.stuck: list[Rank] = []
+        self.watchdog: dict[int, str] = {}  # rank -> nccl's line saying a collective timed out
+        self.asked_records: list[Rank] = []  # ranks asked for their flight record (a hang)
+        self.flight_records: dict[int, dict] = {}
+        self.folder = ""  # this launch's own: the store, and the ranks' flight records
         self.stopping = False
         self.sel = selectors.DefaultSelector()
 
@@ -64,9 +68,10 @@ class Supervisor:
         # Why not a TCPStore on port 0: its client and server look up each peer's address
         # (::ffff:127.0.0.1) by reverse DNS, and where DNS is slow or unreachable that stalls
         # a launch by 5 s or more. A file store needs no network and no name lookups.
-        rendezvous = tempfile.mkdtemp(prefix="dpmp_lab-")
+        self.folder = tempfile.mkdtemp(prefix="dpmp_lab-")
+        outcome = None
         try:
-            self._start(os.path.join(rendezvous, "store"))
+            self._start(os.path.join(self.folder, "store"))
             outcome = self._watch(deadline)
             self._wind_down(outcome)
         except BaseException:
@@ -74,7 +79,9 @@ class Supervisor:
             raise
         finally:
             self._close()
-            shutil.rmtree(rendezvous, ignore_errors=True)
+            if outcome not in (None, Outcome.ALL_RETURNED):
+                self.flight_records = flight.read(self.folder, self.req.world_size)
+            shutil.rmtree(self.folder, ignore_errors=True)
             if self.progress is not None:  # whatever did not finish was stopped by us
                 self.progress.close([r.state if r.finished else RankState.STOPPED
                                      for r in self.ranks])
@@ -84,11 +91,13 @@ class Supervisor:
 
     # starting
     def _start(self, store_path: str) -> None:
-        environ = {**os.environ, **self._launch_environ(), **self.req.env}
+        environ = {**flight.buffer_defaults({**os.environ, **self.req.env}), **os.environ,
+                   **self._launch_environ(), **self.req.env, **flight.environ(self.folder)}
         common = dict(
             world_size=self.req.world_size,
             backend=self.req.backend,
             store_path=store_path,
+            flight_dir=self.folder,
             pg_timeout=self.req.pg_timeout,
             threads=self.req.threads,
             payload=self.payload,
@@ -142,6 +151,8 @@ class Supervisor:
                 return Outcome.FAILED
             if all(r.state == RankState.RETURNED for r in self.ranks):
                 return Outcome.ALL_RETURNED
+            if self.watchdog:
+                return Outcome.WATCHDOG
             now = time.monotonic()
             if now >= deadline:
                 return Outcome.TIMED_OUT
@@ -161,12 +172,16 @@ class Supervisor:
                 lost = all(failures.lost_a_peer(f) for f in self.failures.values())
                 self._pump_until(lambda: all(r.finished for r in self.ranks),
                                  CAUSE_GRACE_S if lost else STOP_GRACE_S)
-            case Outcome.TIMED_OUT:
+                if any(failures.is_collective_timeout(f) for f in self.failures.values()):
+                    self._ask_records()  # a hang behind process-group timeouts
+                    self._pump_until(self._records_written, DUMP_WAIT_S)
+            case Outcome.TIMED_OUT | Outcome.WATCHDOG:
                 self.stuck = [r for r in self.ranks if not r.finished]
                 for r in self.stuck:
                     signal_rank(r.proc, signal.SIGUSR1)
-                self._pump_until(lambda: all(self._knows_where(r) for r in self.stuck),
-                                 DUMP_WAIT_S)
+                self._ask_records()
+                self._pump_until(lambda: all(self._knows_where(r) for r in self.stuck)
+                                 and self._records_written(), DUMP_WAIT_S)
         self._kill_all()
         self._pump_until(lambda: not self._open_streams(), DRAIN_S)
         self._flush_partial_lines()
@@ -207,6 +222,8 @@ class Supervisor:
             rank.chunks.append(text)
         for line in lines:
             self._show(rank.rank, pipe, line)
+            if pipe == Pipe.ERR and not rank.finished and failures.WATCHDOG_RE.search(line):
+                self.watchdog.setdefault(rank.rank, line)
 
     def _show(self, rank: int, pipe: Pipe, line: str) -> None:
         if self.stream:
@@ -254,9 +271,22 @@ class Supervisor:
 
     def _release(self, rank: Rank) -> None:
         try:
-            rank.release.send_bytes(b"done")
+            rank.release.send_bytes(worker.RELEASE)
         except OSError:
             pass
+
+    def _ask_records(self) -> None:
+        """Ask every rank still alive for its flight record (worker._listen answers)."""
+        for r in self.ranks:
+            if not r.exited and not flight.written(self.folder, r.rank):
+                try:
+                    r.release.send_bytes(worker.WRITE_RECORD)
+                    self.asked_records.append(r)
+                except OSError:
+                    pass
+
+    def _records_written(self) -> bool:
+        return all(r.exited or flight.written(self.folder, r.rank) for r in self.asked_records)
 
     # stopping and cleaning up
     def _kill_all(self) -> None:
@@ -294,14 +324,24 @@ class Supervisor:
     def _error(self, outcome: Outcome) -> LaunchError:
         finished = [r.rank for r in self.ranks if r.state == RankState.RETURNED]
         output = [r.output for r in self.ranks]
-        if outcome == Outcome.TIMED_OUT:
-            stuck = {r.rank: failures.still_running(r.rank, stack=self._where_stuck(r),
-                                                    output=r.output, timeout=self.req.timeout)
-                     for r in self.stuck}
-            return failures.launch_timeout(stuck, output=output, finished=finished)
+        if outcome in (Outcome.TIMED_OUT, Outcome.WATCHDOG):
+            stuck = {r.rank: self._stuck(r, outcome) for r in self.stuck}
+            return failures.launch_timeout(stuck, output=output, finished=finished,
+                                           flight_records=self.flight_records)
         return failures.launch_error(
             self.failures, output=output, finished=finished, pg_timeout=self.req.pg_timeout,
-            destroyed=[r.rank for r in self.ranks if r.destroyed_group])
+            destroyed=[r.rank for r in self.ranks if r.destroyed_group],
+            flight_records=self.flight_records)
+
+    def _stuck(self, r: Rank, outcome: Outcome) -> RankFailure:
+        stack = self._where_stuck(r)
+        if outcome == Outcome.TIMED_OUT:
+            return failures.still_running(r.rank, stack=stack, output=r.output,
+                                          timeout=self.req.timeout)
+        if r.rank in self.watchdog:
+            return failures.watchdog_timeout(r.rank, self.watchdog[r.rank], stack=stack,
+                                             output=r.output, pg_timeout=self.req.pg_timeout)
+        return failures.stopped_by_watchdog(r.rank, stack=stack, output=r.output)
 
     def _knows_where(self, rank: Rank) -> bool:
         # A rank caught inside the launcher's own code was just reporting an error (its

@@ -6,7 +6,9 @@ talks to the launcher through plain pipes (protocol.Pipe):
     out, err   the rank's file descriptors 1 and 2, so native messages (gloo, NCCL) are kept
     msg        messages to the launcher (protocol.py): Started, then Returned or Raised
     dump       where faulthandler writes every thread's stack when the launcher asks (SIGUSR1)
-    release    the launcher says "everyone has returned": only then is the group torn down
+    release    the launcher says "everyone has returned": only then is the group torn down;
+               or, on a hang, "write your flight record" (flight.py), which a thread of the
+               rank answers while the main thread waits in a collective
 
 The last one matters: a rank that returns early must not destroy its process group while a
 peer still waits in a collective, or the peer sees "connection closed" instead of the real
@@ -43,11 +45,13 @@ import torch.distributed as dist
 
 from dpmp_lab import context, integrity, trace
 from dpmp_lab.context import RankContext, nccl_backend
-from dpmp_lab.launcher import audit, collective_inputs, processes, serialize
+from dpmp_lab.launcher import audit, collective_inputs, flight, processes, serialize
 from dpmp_lab.launcher.protocol import MAX_RESULT_BYTES, Message, Raised, Returned, Started
 from dpmp_lab.render import human_bytes
 
 REAP_S = 1.0  # at the end of a rank: time for the processes it killed to end
+RELEASE = b"done"        # on the release pipe: every rank returned, tear the group down
+WRITE_RECORD = b"record"  # on the release pipe: a hang; write this rank's flight record
 
 
 @dataclass
@@ -58,6 +62,7 @@ class RankSpec:
     world_size: int
     backend: str
     store_path: str  # a FileStore in a directory of this launch's own
+    flight_dir: str  # where this rank's flight record goes when asked (flight.py)
     pg_timeout: float
     threads: int
     payload: bytes  # cloudpickle of (fn, args, kwargs)
@@ -83,14 +88,15 @@ def rank_main(spec: RankSpec, out_w: Connection, err_w: Connection, msg_w: Conne
     faulthandler.register(signal.SIGUSR1, file=dump_w, all_threads=True)
     _apply_caller_state(spec)
     _send(msg_w, Started(main_thread=threading.get_ident()))
+    released = _listen(spec, release_r)
     try:
-        _run(spec, msg_w, release_r)
+        _run(spec, msg_w, released)
     finally:  # its report is sent: what the function started ends with the rank
         processes.kill_tree(os.getpid(), include_self=False)
         processes.reap_children(REAP_S)
 
 
-def _run(spec: RankSpec, msg_w: Connection, release_r: Connection) -> None:
+def _run(spec: RankSpec, msg_w: Connection, released: threading.Event) -> None:
     try:
         with audit.auditing() if spec.device_audit else contextlib.nullcontext():
             fn, args, kwargs = _load_payload(spec)
@@ -103,11 +109,12 @@ def _run(spec: RankSpec, msg_w: Connection, release_r: Connection) -> None:
         _send_result(msg_w, value, trace, limit=spec.max_result_bytes, destroyed_group=destroyed)
     except BaseException as exc:
         _flush_all()
+        flight.dump(spec.flight_dir, spec.rank, spec.backend)  # a timeout: what was in flight
         _send(msg_w, _describe(exc))
         _flush_all()
         return  # the launcher stops every rank now; tearing the group down here could hang
     _flush_all()
-    _wait_for_release(release_r)
+    released.wait()
     if dist.is_initialized():
         dist.destroy_process_group()
     _flush_all()
@@ -315,8 +322,18 @@ def _flush_all() -> None:
         pass
 
 
-def _wait_for_release(release_r) -> None:
-    try:
-        release_r.recv_bytes()
-    except (EOFError, OSError):
-        pass
+def _listen(spec: RankSpec, release_r: Connection) -> threading.Event:
+    """Answer the launcher's requests on the release pipe from a thread of their own: a rank
+    stuck in a collective still writes its flight record (the wait releases the GIL)."""
+    released = threading.Event()
+
+    def listen() -> None:
+        try:
+            while release_r.recv_bytes() == WRITE_RECORD:
+                flight.dump(spec.flight_dir, spec.rank, spec.backend)
+        except (EOFError, OSError):
+            pass  # the launcher is gone: nothing to wait for
+        released.set()
+
+    threading.Thread(target=listen, name="dpmp-release", daemon=True).start()
+    return released
