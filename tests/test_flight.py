@@ -107,7 +107,6 @@ def test_nccls_watchdog_line_is_read(line, what):
     assert not failures.WATCHDOG_RE.search("Watchdog caught nothing")
 
 
-
 def write_records(folder: str) -> tuple[bool, bool]:
     import torch
     import torch.distributed as dist
