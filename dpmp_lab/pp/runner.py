@@ -22,7 +22,8 @@ from torch import nn
 
 from dpmp_lab._helpers import group_ready, whole_number
 from dpmp_lab.context import device as rank_device
-from dpmp_lab.pp.schedules import Schedule, Span, make_schedule
+from dpmp_lab.pp.schedules import Schedule, Span
+from dpmp_lab.pp.tables import make_schedule
 
 __all__ = ["PipelineResult", "Stage", "run_schedule", "split_pieces"]
 
