@@ -199,7 +199,75 @@ def fsdp_peak_param_bytes(n_params: float, dp: int, largest_unit: float, *,
     return n_params / dp * master.itemsize + gathered * largest_unit * compute.itemsize
 
 
+# -- pipeline schedules -------------------------------------------------------------------------
+
+_PIPELINE_SCHEDULES = ("naive", "gpipe", "afab", "1f1b", "interleaved", "zbh1", "zbh2")
+
+
+def pp_bubble(schedule: str, p: int, m: int, v: int = 1, *, t_f: float = 1.0,
+              t_b: float = 1.0, t_w: float = 1.0, steps: int = 1,
+              relative_to: str = "step") -> float:
+    """The idle share of a pipeline step with equal stages: what pp.measured_bubble measures.
+
+    Idle time I per rank, busy time T per rank, and the fraction I / (T + I) of the step
+    (relative_to="ideal": I / T, the papers' "of the ideal time"). t_f, t_b, t_w: the times of
+    a forward, a backward (its input-gradient part when W is split off) and a weight gradient.
+    - naive: one stage busy at a time: (p-1)/p.
+    - gpipe, 1f1b: the pipeline fills and drains once: I = (p-1)(t_f + t_b), T = m(t_f + t_b),
+      so (p-1)/(m+p-1) of the step, (p-1)/m of the ideal time (GPipe, Huang et al. 2019).
+    - interleaved (v chunks per rank, each 1/v of the rank's layers): the fill and drain are
+      made of chunks, so I shrinks v times: (p-1)/(v m + p-1) of the step, (p-1)/(v m) of
+      the ideal time (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training
+      on GPU Clusters Using Megatron-LM", Section 2.2.2; m a multiple of p).
+    - zbh1 (Qi et al. 2023, "Zero Bubble Pipeline Parallelism", Section 2.1): the W passes fill
+      the drain, I = (p-1)(t_f + t_b - t_w); 1F1B on the same model idles (p-1)(t_f + t_b +
+      t_w), so with equal times a third of it (m >= p, t_w <= t_b).
+    - zbh2 (ibid., Section 2.2): the paper's bubble (p-1)(t_f + t_b - 2 t_w) is 0 with equal
+      times: every rank is busy from its first action to its last. Within one step there
+      is still the fill of the first forward, rank r starting r t_f late and ending (p-1-r) t_f
+      before the last: I = (p-1) t_f. Steps run back to back (no synchronisation between
+      them, the paper's Section 4) share it: over `steps` steps I / (steps T + I), which tends
+      to the paper's 0 (equal times, m >= 2p-1).
+    For the others the step is the period: back-to-back steps do not overlap, because the first
+    rank is busy up to the last moment of a step.
+    """
+    key = schedule.lower().replace("-", "").replace("_", "") if isinstance(schedule, str) \
+        else schedule
+    if key not in _PIPELINE_SCHEDULES:
+        raise ValueError(f"pp_bubble knows {', '.join(_PIPELINE_SCHEDULES)}, not {schedule!r}")
+    for name, size in (("p", p), ("m", m), ("v", v), ("steps", steps)):
+        whole_number(name, size)
+    if relative_to not in ("step", "ideal"):
+        raise ValueError(f"relative_to is 'step' or 'ideal', not {relative_to!r}")
+    if v > 1 and key != "interleaved":
+        raise ValueError(f"v={v}: only the interleaved schedule runs virtual stages")
+    if key == "naive":
+        idle, busy = (p - 1) * (t_f + t_b), t_f + t_b
+    elif key in ("gpipe", "afab", "1f1b", "interleaved"):
+        idle, busy = (p - 1) * (t_f + t_b), v * m * (t_f + t_b)
+    elif key == "zbh1":
+        idle, busy = (p - 1) * (t_f + t_b - t_w), m * (t_f + t_b + t_w)
+    else:
+        idle, busy = (p - 1) * t_f, steps * m * (t_f + t_b + t_w)
+    return idle / busy if relative_to == "ideal" else idle / (busy + idle)
+
+
+def pp_messages(p: int, m: int, v: int = 1) -> int:
+    """Point-to-point messages of one pipeline step, all ranks together: 2 m (v p - 1).
+
+    Each of the v p - 1 boundaries between consecutive model stages carries m activations
+    forward and m activation gradients back, each of pp_activation_bytes. Interleaving v chunks
+    per rank multiplies the boundaries, so the messages and bytes, by about v (Narayanan et al.
+    2021, Section 2.2.2: the price of the smaller bubble); GPipe, 1F1B and the
+    zero-bubble schedules send the same 2 m (p - 1) (W sends nothing).
+    """
+    for name, size in (("p", p), ("m", m), ("v", v)):
+        whole_number(name, size)
+    return 2 * m * (v * p - 1)
+
+
 __all__ = ["Memory", "fsdp_peak_param_bytes", "all_gather_bytes", "dp_gradient_bytes", "memory", "pp_activation_bytes",
            "reduce_scatter_bytes", "ring_all_reduce_bytes", "tensor_bytes",
            "tp_activation_bytes"]
 __all__ += ["all_to_all_bytes", "cp_kv_bytes", "cp_ring_bytes", "ep_dispatch_bytes"]
+__all__ += ["pp_bubble", "pp_messages"]

@@ -22,21 +22,25 @@ The *bubble* is the time stages sit idle while the pipeline fills and drains. Wi
 stages it is (p - 1) / (m + p - 1) of the step for GPipe and 1F1B alike: more micro-batches,
 smaller bubble.
 
-Three modules: pp.schedules, what a plan is (plain data, simulated on a time grid, no process
-group needed); pp.tables, the plans above; and pp.runner, which cuts a model into stages and
-runs a plan on real ranks.
+Two modules: pp.schedules, the plans (plain data, simulated on a time grid, no process group
+needed), and pp.runner, which cuts a model into stages and runs a plan on real ranks.
 """
 
 from dpmp_lab.pp.runner import PipelineResult, Stage, run_schedule, split_pieces
-from dpmp_lab.pp.schedules import Action, Bubble, Schedule, Span, bubble_fraction, measured_bubble
+from dpmp_lab.pp.schedules import Action, Bubble, Schedule, Span, measured_bubble
 from dpmp_lab.pp.tables import (
     SCHEDULES,
+    bubble_fraction,
     gpipe,
+    interleaved_1f1b,
     make_schedule,
     naive,
     one_f_one_b,
+    zb_h1,
+    zb_h2,
 )
 
 __all__ = ["Action", "Bubble", "PipelineResult", "Stage", "SCHEDULES", "Schedule",
-           "Span", "bubble_fraction", "gpipe", "make_schedule", "measured_bubble", "naive",
-           "one_f_one_b", "run_schedule", "split_pieces"]
+           "Span", "bubble_fraction", "gpipe", "interleaved_1f1b", "make_schedule",
+           "measured_bubble", "naive", "one_f_one_b", "run_schedule", "split_pieces", "zb_h1",
+           "zb_h2"]

@@ -69,19 +69,23 @@ def split_pieces(pieces: Sequence[nn.Module], n_stages: int,
 
 
 class Stage:
-    """This rank's piece of the pipeline: its layers, its place, and its two neighbours.
+    """One stage of the model on this rank: its layers, its place, and its two neighbours.
 
-    `pp_group`: the ranks of this pipeline in stage order (ProcessGrid's pp_group; None = the
-    whole world). `activation_shape`: the shape of one micro-batch's activation passed between
+    `pp_group`: the ranks of this pipeline in order (ProcessGrid's pp_group; None = the whole
+    world). `activation_shape`: the shape of one micro-batch's activation passed between
     stages, e.g. (micro_batch, seq_len, d_model). As in Megatron and picotron every boundary
     carries that one shape, so a receiver can allocate its buffer without asking first.
+    Virtual stages (interleaved schedules): a rank holds n_chunks Stages, one per chunk; chunk
+    c of the rank at position r is stage c * p + r of the model, so the last rank's chunk c
+    hands its output to rank 0's chunk c + 1.
     (Not called PipelineStage: torch.distributed.pipelining.PipelineStage is another class,
     built from a submodule, stage index, stage count and device.)
     """
 
     def __init__(self, module: nn.Module, pp_group: dist.ProcessGroup | None = None, *,
                  activation_shape: Sequence[int], dtype: torch.dtype | None = None,
-                 device: torch.device | str | None = None):
+                 device: torch.device | str | None = None, chunk: int = 0,
+                 n_chunks: int = 1):
         if not isinstance(module, nn.Module):
             raise TypeError(f"the stage's module must be an nn.Module, not "
                             f"{type(module).__name__}")
@@ -92,6 +96,9 @@ class Stage:
         if not shape or not all(isinstance(d, int) and d >= 1 for d in shape):
             raise ValueError(f"activation_shape must be positive ints, e.g. (2, 16, 32), not "
                              f"{activation_shape!r}")
+        whole_number("n_chunks", n_chunks, what="a rank holds at least 1 chunk")
+        whole_number("chunk", chunk, at_least=0, at_most=n_chunks - 1,
+                     what=f"the chunks of a rank holding {n_chunks} are 0..{n_chunks - 1}")
         params = [p for p in module.parameters() if p.is_floating_point()]
         self.module = module
         self.group = pp_group if pp_group is not None else dist.group.WORLD
@@ -99,10 +106,14 @@ class Stage:
         if dist.get_rank() not in self.ranks:
             raise ValueError(f"rank {dist.get_rank()} is not in the pipeline group "
                              f"{self.ranks}")
-        self.index = self.ranks.index(dist.get_rank())
-        self.n_stages = len(self.ranks)
-        self.prev_rank = self.ranks[self.index - 1] if self.index > 0 else None
-        self.next_rank = self.ranks[self.index + 1] if self.index < self.n_stages - 1 else None
+        self.index = self.ranks.index(dist.get_rank())     # this rank's row of the schedule
+        self.n_stages = len(self.ranks)                      # ranks in the pipeline
+        self.chunk, self.n_chunks = chunk, n_chunks
+        self.model_stage = chunk * self.n_stages + self.index
+        self.n_model_stages = n_chunks * self.n_stages
+        k, p = self.model_stage, self.n_stages
+        self.prev_rank = self.ranks[(k - 1) % p] if k > 0 else None
+        self.next_rank = self.ranks[(k + 1) % p] if k < self.n_model_stages - 1 else None
         self.activation_shape = shape
         self.dtype = dtype or (params[0].dtype if params else torch.get_default_dtype())
         self.device = torch.device(device) if device is not None else (
@@ -114,36 +125,48 @@ class Stage:
     def recv_activation(self, microbatch: int) -> torch.Tensor:
         """The previous stage's output for this micro-batch, as a leaf that collects its grad."""
         buf = self._empty()
-        dist.recv(buf, src=self.prev_rank, group=self.group, tag=microbatch)
+        dist.recv(buf, src=self.prev_rank, group=self.group,
+                  tag=self._tag(microbatch, self.model_stage, "activation"))
         return buf.requires_grad_()
 
     def recv_grad(self, microbatch: int) -> torch.Tensor:
         """d loss / d (this stage's output) for this micro-batch, from the next stage."""
         buf = self._empty()
-        dist.recv(buf, src=self.next_rank, group=self.group, tag=microbatch)
+        dist.recv(buf, src=self.next_rank, group=self.group,
+                  tag=self._tag(microbatch, self.model_stage, "grad"))
         return buf
 
     def send_activation(self, out: torch.Tensor, microbatch: int) -> _Pending:
         if tuple(out.shape) != self.activation_shape or out.dtype != self.dtype:
-            raise ValueError(f"stage {self.index} produced an activation of shape "
+            raise ValueError(f"stage {self.model_stage} produced an activation of shape "
                              f"{tuple(out.shape)} ({out.dtype}), but the stages agreed on "
                              f"activation_shape={self.activation_shape} ({self.dtype}); fix "
                              "activation_shape (micro-batch size = batch / n_microbatches)")
-        return self._isend(out, self.next_rank, microbatch)
+        return self._isend(out, self.next_rank,
+                           self._tag(microbatch, self.model_stage + 1, "activation"))
 
     def send_grad(self, grad: torch.Tensor, microbatch: int) -> _Pending:
-        return self._isend(grad, self.prev_rank, microbatch)
+        return self._isend(grad, self.prev_rank,
+                           self._tag(microbatch, self.model_stage - 1, "grad"))
+
+    def _tag(self, microbatch: int, to_stage: int, what: str) -> int:
+        """The micro-batch; with chunks, two ranks exchange several kinds of message (p = 2:
+        activations and gradients both ways), so the tag also names the receiving stage."""
+        if self.n_chunks == 1:
+            return microbatch
+        return (microbatch * self.n_model_stages + to_stage) * 2 + (what == "grad")
 
     def _empty(self) -> torch.Tensor:
         return torch.empty(self.activation_shape, dtype=self.dtype, device=self.device)
 
-    def _isend(self, tensor: torch.Tensor, dst: int, microbatch: int) -> _Pending:
+    def _isend(self, tensor: torch.Tensor, dst: int, tag: int) -> _Pending:
         payload = tensor.detach().contiguous()
-        return _Pending(dist.isend(payload, dst=dst, group=self.group, tag=microbatch), payload)
+        return _Pending(dist.isend(payload, dst=dst, group=self.group, tag=tag), payload)
 
     def __repr__(self) -> str:
-        return (f"Stage({self.index} of {self.n_stages}, ranks {self.ranks}, "
-                f"activation {self.activation_shape})")
+        chunk = f", chunk {self.chunk} of {self.n_chunks}" if self.n_chunks > 1 else ""
+        return (f"Stage({self.model_stage} of {self.n_model_stages}, ranks {self.ranks}"
+                f"{chunk}, activation {self.activation_shape})")
 
 
 class _Pending(NamedTuple):
@@ -158,7 +181,7 @@ class _Pending(NamedTuple):
 
 @dataclass
 class PipelineResult:
-    """What one stage did in one pipeline step."""
+    """What one rank did in one pipeline step."""
 
     stage: int
     n_stages: int
@@ -166,7 +189,7 @@ class PipelineResult:
     schedule: str
     losses: list[float] = field(default_factory=list)   # per micro-batch; last stage only
     spans: list[Span] = field(default_factory=list)      # compute time of each action (s)
-    peak_in_flight: int = 0    # most micro-batches whose activations were held at once
+    peak_in_flight: int = 0    # most micro-batches (x chunks) whose activations were held
 
     @property
     def loss(self) -> float | None:
@@ -174,78 +197,127 @@ class PipelineResult:
         return sum(self.losses) / len(self.losses) if self.losses else None
 
 
-def run_schedule(schedule: Schedule | str, stage: Stage,
+def run_schedule(schedule: Schedule | str, stage: Stage | Sequence[Stage],
                  inputs: torch.Tensor | None = None, targets: torch.Tensor | None = None, *,
                  n_microbatches: int | None = None,
                  loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
                  after_last_backward: Callable[[], None] | None = None) -> PipelineResult:
     """Run this rank's part of one pipeline step (forward and backward of every micro-batch).
 
-    Call it on every rank of the pipeline with the same schedule. `inputs` (the whole batch)
-    is needed on the first stage and `targets` with `loss_fn(output, targets)` on the last;
-    other stages ignore them. Both are cut into m equal micro-batches along dim 0. The last
-    stage scales each micro-batch loss by 1/m, so the gradients that accumulate in the stage's
-    parameters (add to .grad, as loss.backward() does: zero them before) equal those of the
-    full-batch mean loss.
+    Call it on every rank of the pipeline with the same schedule, and this rank's Stage (a
+    list of them, one per chunk, for an interleaved schedule). `inputs` (the whole batch) is
+    needed on the rank holding the model's first stage and `targets` with
+    `loss_fn(output, targets)` on the one holding its last; other ranks ignore them. Both are
+    cut into m equal micro-batches along dim 0. The last stage scales each micro-batch loss by
+    1/m, so the gradients that accumulate in the stage's parameters (add to .grad, as
+    loss.backward() does: zero them before) equal those of the full-batch mean loss.
 
-    `after_last_backward()` runs right after this stage's last backward: the place for a
-    data-parallel gradient all-reduce in DP x PP, which must wait for the gradients of every
-    micro-batch (syncing per micro-batch would send m times the data for nothing).
+    On a rank whose actions include W, B computes only the gradient of the stage's input (what
+    the previous stage waits for) and keeps the autograd graph; W later computes the
+    parameters' gradients from the same output gradient and frees the graph. W asks autograd
+    for d loss / d parameters from the stage's output again, so inside a stage of several
+    layers it walks back the path above each weight a second time; torch.distributed.pipelining
+    (stage_backward_weight) instead keeps the gradients where the weights branch off. The
+    numbers are the same either way.
+
+    `after_last_backward()` runs right after this rank's last backward (or weight gradient):
+    the place for a data-parallel gradient all-reduce in DP x PP, which must wait for the
+    gradients of every micro-batch (syncing per micro-batch would send m times the data).
     """
-    if not isinstance(stage, Stage):
-        raise TypeError(f"stage must be a Stage, not {type(stage).__name__}")
+    stages = [stage] if isinstance(stage, Stage) else list(stage) \
+        if isinstance(stage, (list, tuple)) else stage
+    if not isinstance(stages, list) or not stages or \
+            not all(isinstance(s, Stage) for s in stages):
+        raise TypeError(f"stage must be a Stage (or a list of them, one per chunk), not "
+                        f"{type(stage).__name__}")
+    first = stages[0]
+    if [s.chunk for s in stages] != list(range(len(stages))) or \
+            any(s.n_chunks != len(stages) or s.ranks != first.ranks for s in stages):
+        raise ValueError("pass this rank's stages in chunk order, one per chunk, all built "
+                         f"with n_chunks={len(stages)} on the same pipeline group: got "
+                         + ", ".join(f"chunk {s.chunk} of {s.n_chunks}" for s in stages))
     if isinstance(schedule, str):
         if n_microbatches is None:
             raise ValueError(f"a schedule given by name ({schedule!r}) needs n_microbatches")
-        schedule = make_schedule(schedule, stage.n_stages, n_microbatches)
+        schedule = make_schedule(schedule, first.n_stages, n_microbatches,
+                                 n_chunks=len(stages))
     elif not isinstance(schedule, Schedule):
         raise TypeError(f"schedule must be a Schedule or a name, not {type(schedule).__name__}")
     m = schedule.n_microbatches
     if n_microbatches is not None and n_microbatches != m:
         raise ValueError(f"n_microbatches={n_microbatches}, but the schedule has {m}")
-    if schedule.n_stages != stage.n_stages:
+    if schedule.n_stages != first.n_stages:
         raise ValueError(f"the schedule has {schedule.n_stages} stages but the pipeline group "
-                         f"has {stage.n_stages} ranks {stage.ranks}")
+                         f"has {first.n_stages} ranks {first.ranks}")
+    if schedule.n_chunks != len(stages):
+        raise ValueError(f"the schedule runs {schedule.n_chunks} chunks per rank, but this rank "
+                         f"passed {len(stages)} stage(s): one Stage per chunk")
     # checked wherever given (not only where used), so that ranks passing the same batch all
     # refuse it together instead of leaving their neighbours waiting
     xs = _microbatches(inputs, m, "inputs") if inputs is not None else None
     ys = _microbatches(targets, m, "targets") if targets is not None else None
-    if stage.is_first and xs is None:
+    if any(s.is_first for s in stages) and xs is None:
         raise ValueError("the first stage needs the batch: pass inputs")
-    if stage.is_last and (ys is None or loss_fn is None):
+    if any(s.is_last for s in stages) and (ys is None or loss_fn is None):
         raise ValueError("the last stage computes the loss: pass targets and loss_fn")
 
-    result = PipelineResult(stage.index, stage.n_stages, dist.get_rank(), schedule.name)
-    held: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}   # mb -> (stage input, output)
+    split = schedule.splits_backward[first.index]
+    result = PipelineResult(first.index, first.n_stages, dist.get_rank(), schedule.name)
+    held: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # (chunk, mb) -> in, out
+    out_grads: dict[tuple[int, int], torch.Tensor | None] = {}   # B done, W to come
     pending: list[_Pending] = []
-    for action in schedule.actions[stage.index]:
-        j = action.microbatch
+    for action in schedule.actions[first.index]:
+        j, here, key = action.microbatch, stages[action.chunk], (action.chunk, action.microbatch)
         if action.kind == "F":
-            x = xs[j] if stage.is_first else stage.recv_activation(j)
+            x = xs[j] if here.is_first else here.recv_activation(j)
+            if here.is_first and split and x.is_floating_point():
+                x = x.detach().requires_grad_()   # so B does here the work it does elsewhere
             start = time.perf_counter()
-            out = stage.module(x)
-            if stage.is_last:
+            out = here.module(x)
+            if here.is_last:
                 loss = loss_fn(out, ys[j])
                 result.losses.append(loss.item())
                 out = loss / m
             else:
-                pending.append(stage.send_activation(out, j))
-            held[j] = (x, out)
+                pending.append(here.send_activation(out, j))
+            held[key] = (x, out)
             result.peak_in_flight = max(result.peak_in_flight, len(held))
-        else:
-            grad = None if stage.is_last else stage.recv_grad(j)
+        elif action.kind == "B":
+            grad = None if here.is_last else here.recv_grad(j)
             start = time.perf_counter()
-            x, out = held.pop(j)
-            torch.autograd.backward(out, grad)
-            if not stage.is_first:
-                pending.append(stage.send_grad(x.grad, j))
-        result.spans.append(Span(action.kind, j, start, time.perf_counter()))
+            x, out = held[key]
+            if not split:
+                del held[key]
+                torch.autograd.backward(out, grad)
+                x_grad = x.grad
+            else:
+                out_grads[key] = grad
+                x_grad = torch.autograd.grad(out, x, grad, retain_graph=True)[0] \
+                    if x.requires_grad else None
+            if not here.is_first:
+                pending.append(here.send_grad(x_grad, j))
+        else:
+            start = time.perf_counter()
+            _, out = held.pop(key)
+            _weight_gradients(here.module, out, out_grads.pop(key))
+        result.spans.append(Span(action.kind, j, start, time.perf_counter(), action.chunk))
         pending = [p for p in pending if not p.work.is_completed()]
     if after_last_backward is not None:
         after_last_backward()
     for p in pending:
         p.work.wait()
     return result
+
+
+def _weight_gradients(module: nn.Module, out: torch.Tensor, grad: torch.Tensor | None) -> None:
+    """W: d loss / d parameters through `out`, added to .grad as backward() would."""
+    params = [q for q in module.parameters() if q.requires_grad]
+    if not params:
+        return
+    grads = torch.autograd.grad(out, params, grad, allow_unused=True)
+    for q, g in zip(params, grads, strict=True):
+        if g is not None:
+            q.grad = g if q.grad is None else q.grad + g
 
 
 def _microbatches(batch: torch.Tensor, m: int, name: str) -> list[torch.Tensor]:

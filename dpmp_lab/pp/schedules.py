@@ -1,12 +1,21 @@
-"""Pipeline schedules as plain data: which stage runs which forward and backward, in what order.
+"""Pipeline schedules as plain data: which rank runs which forward and backward, in what order.
 
     print(pp.one_f_one_b(4, 8))       # the time grid, the bubble and the activations held
     pp.gpipe(4, 8).bubble_fraction    # idle cells / all cells of the grid
 
-A Schedule is per-stage lists of actions (F3 = the forward of micro-batch 3), checked for
-completeness and simulated here on a grid of time steps, so a learner can study the bubble
-and the memory of a schedule in the notebook kernel; pp.runner executes the same Schedule on
-real ranks.
+A Schedule is per-rank lists of actions, checked for completeness and dependencies and
+simulated here on a grid of time steps, so a learner can study the bubble and the memory of a
+schedule in the notebook kernel; pp.runner executes the same Schedule on real ranks, and
+pp.tables writes the schedules of the literature.
+
+How an action is written: "F3" is the forward of micro-batch 3, "B3" its backward, "W3" its
+weight gradient. With virtual stages (each rank holds v model chunks) a suffix names the
+chunk: "F3.1" is micro-batch 3 through chunk 1 ("F3" = "F3.0"). Rank r's chunk c is stage
+c * p + r of the model (Megatron's and torch's interleaved layout: rank r holds stages r,
+r + p, ...). A "B" is the whole backward (input and weight gradients) unless its rank's list
+also has W actions: then B computes only the gradient of the stage's input, which the previous
+stage waits for, and a later W of the same micro-batch and chunk computes the weight gradients,
+which nobody waits for (Qi et al. 2023, "Zero Bubble Pipeline Parallelism").
 """
 
 from __future__ import annotations
@@ -17,35 +26,43 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from dpmp_lab._helpers import whole_number
+from dpmp_lab.cost import pp_bubble
 
-__all__ = ["Action", "Bubble", "Schedule", "Span", "bubble_fraction", "measured_bubble"]
+__all__ = ["Action", "Bubble", "Schedule", "Span", "measured_bubble"]
+
+KINDS = ("F", "B", "W")
 
 
 @dataclass(frozen=True)
 class Action:
-    """One unit of a stage's work: the forward ("F") or backward ("B") of one micro-batch."""
+    """One unit of a rank's work: the forward ("F"), backward ("B") or weight gradient ("W") of
+    one micro-batch through one of its chunks (0 unless the rank holds virtual stages)."""
 
     kind: str
     microbatch: int
+    chunk: int = 0
 
     def __post_init__(self) -> None:
-        if self.kind not in ("F", "B"):
-            raise ValueError(f"an action is 'F' (forward) or 'B' (backward), not {self.kind!r}")
-        if isinstance(self.microbatch, bool) or not isinstance(self.microbatch, int) \
-                or self.microbatch < 0:
-            raise ValueError(f"micro-batch index must be an int >= 0, not {self.microbatch!r}")
+        if self.kind not in KINDS:
+            raise ValueError(f"an action is 'F' (forward), 'B' (backward) or 'W' (weight "
+                             f"gradient), not {self.kind!r}")
+        for name in ("microbatch", "chunk"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name.replace('microbatch', 'micro-batch')} index must be an "
+                                 f"int >= 0, not {value!r}")
 
     @classmethod
     def parse(cls, text: str) -> Action:
-        """"F3" -> Action("F", 3)."""
-        found = re.fullmatch(r"\s*([FB])\s*(\d+)\s*", text)
+        """"F3" -> Action("F", 3); "B3.1" -> Action("B", 3, chunk=1)."""
+        found = re.fullmatch(r"\s*([FBW])\s*(\d+)(?:\.(\d+))?\s*", text)
         if not found:
-            raise ValueError(f"cannot read {text!r} as an action: write F<n> or B<n>, e.g. 'F0'")
-        return cls(found[1], int(found[2]))
+            raise ValueError(f"cannot read {text!r} as an action: write F<n>, B<n> or W<n>, "
+                             "e.g. 'F0', and F<n>.<chunk> for a virtual stage, e.g. 'F0.1'")
+        return cls(found[1], int(found[2]), int(found[3] or 0))
 
     def __str__(self) -> str:
-        return f"{self.kind}{self.microbatch}"
+        return f"{self.kind}{self.microbatch}" + (f".{self.chunk}" if self.chunk else "")
 
 
 class Span(NamedTuple):
@@ -55,64 +72,105 @@ class Span(NamedTuple):
     microbatch: int
     start: float
     end: float
+    chunk: int = 0
 
     def __str__(self) -> str:
-        return f"{self.kind}{self.microbatch}"
+        return f"{self.kind}{self.microbatch}" + (f".{self.chunk}" if self.chunk else "")
 
 
 class Schedule:
-    """Per-stage ordered actions, and their simulated timing on a grid of time steps.
+    """Per-rank ordered actions, and their simulated timing on a grid of time steps.
 
-    Build one with naive(), gpipe() or one_f_one_b(), or write your own:
-    Schedule("mine", [["F0", "F1", "B0", "B1"], ["F0", "B0", "F1", "B1"]]).
-    Every F takes 1 time step and every B takes backward_cost steps, on every stage. An action
-    starts as soon as its stage is free and its inputs exist: F of micro-batch j on stage s
-    after F j on stage s - 1; B j on stage s after B j on stage s + 1 (on the last stage,
-    after its own F j). Communication is taken as free.
+    Build one with the generators of pp.tables (gpipe, one_f_one_b, interleaved_1f1b, zb_h1,
+    ...), or write your own: Schedule("mine", [["F0", "F1", "B0", "B1"], ["F0", "B0", "F1",
+    "B1"]]). One list per rank (a "stage" when each rank holds one); the number of chunks v is
+    read from the actions. Costs in time steps: an F takes 1, a B backward_cost (the whole
+    backward, or only its input-gradient part on a rank that also runs W), a W weight_cost.
+    An action starts as soon as its rank is free and its input exists: F of model stage k
+    after F of stage k - 1; B of stage k after B of stage k + 1 (on the model's last stage,
+    after its own F); W after its own B. Communication is taken as free.
     """
 
     def __init__(self, name: str, actions: Sequence[Sequence[Action | str]], *,
-                 backward_cost: int = 1):
-        if isinstance(backward_cost, bool) or not isinstance(backward_cost, int) \
-                or backward_cost < 1:
-            raise ValueError(f"backward_cost is the time steps of one backward (a forward "
-                             f"takes 1): an int >= 1, not {backward_cost!r}")
+                 backward_cost: int = 1, weight_cost: int = 1):
+        for what, cost in (("backward_cost", backward_cost), ("weight_cost", weight_cost)):
+            if isinstance(cost, bool) or not isinstance(cost, int) or cost < 1:
+                raise ValueError(f"{what} is the time steps of one {what.split('_')[0]} pass "
+                                 f"(a forward takes 1): an int >= 1, not {cost!r}")
         if not actions:
             raise ValueError("a schedule needs at least one stage")
         self.name = name
         self.backward_cost = backward_cost
+        self.weight_cost = weight_cost
         self.actions: tuple[tuple[Action, ...], ...] = tuple(
-            tuple(a if isinstance(a, Action) else Action.parse(a) for a in stage)
-            for stage in actions)
-        self.n_stages = len(self.actions)
-        self.n_microbatches = 1 + max((a.microbatch for st in self.actions for a in st),
-                                      default=-1)
+            tuple(a if isinstance(a, Action) else Action.parse(a) for a in row)
+            for row in actions)
+        every = [a for row in self.actions for a in row]
+        self.n_stages = len(self.actions)       # ranks: one row each
+        self.n_chunks = 1 + max((a.chunk for a in every), default=0)
+        self.n_microbatches = 1 + max((a.microbatch for a in every), default=-1)
+        self.splits_backward = tuple(any(a.kind == "W" for a in row) for row in self.actions)
         self._check_complete()
         self.spans: tuple[tuple[Span, ...], ...] = self._simulate()
-        self.makespan: int = max(int(s.end) for stage in self.spans for s in stage)
+        self.makespan: int = max(int(s.end) for row in self.spans for s in row)
+
+    @property
+    def n_model_stages(self) -> int:
+        """v * p: the stages the model is cut into (one per rank unless ranks hold chunks)."""
+        return self.n_chunks * self.n_stages
+
+    def row_name(self, rank: int) -> str:
+        return f"stage {rank}" if self.n_chunks == 1 else f"rank {rank}"
 
     # -- validation and simulation --------------------------------------------------------
 
     def _check_complete(self) -> None:
-        m = self.n_microbatches
+        m, v = self.n_microbatches, self.n_chunks
         if m < 1:
             raise ValueError("a schedule needs at least one micro-batch")
-        want = sorted([("F", j) for j in range(m)] + [("B", j) for j in range(m)])
-        for s, stage in enumerate(self.actions):
-            got = sorted((a.kind, a.microbatch) for a in stage)
+        for s, row in enumerate(self.actions):
+            kinds = ("F", "B", "W") if self.splits_backward[s] else ("F", "B")
+            want = sorted((k, c, j) for k in kinds for c in range(v) for j in range(m))
+            got = sorted((a.kind, a.chunk, a.microbatch) for a in row)
             if got != want:
-                raise ValueError(f"stage {s} must run F and B of every micro-batch 0..{m - 1} "
-                                 f"exactly once; it has {' '.join(map(str, stage)) or 'nothing'}")
-            done = set()
-            for a in stage:
-                if a.kind == "B" and a.microbatch not in done:
-                    raise ValueError(f"stage {s} runs B{a.microbatch} before F{a.microbatch}: a "
-                                     "backward needs the activations of its own forward")
-                done.add(a.microbatch)
+                what = "F and B" + (" and W" if self.splits_backward[s] else "")
+                chunks = f" on each of its {v} chunks" if v > 1 else ""
+                raise ValueError(f"{self.row_name(s)} must run {what} of every micro-batch "
+                                 f"0..{m - 1}{chunks} exactly once; it has "
+                                 f"{' '.join(map(str, row)) or 'nothing'}"
+                                 + (" (a rank that runs any W runs one W after each B)"
+                                    if self.splits_backward[s] else ""))
+            done: set[tuple[str, int, int]] = set()
+            for a in row:
+                f, b = Action("F", a.microbatch, a.chunk), Action("B", a.microbatch, a.chunk)
+                if a.kind == "B" and ("F", a.chunk, a.microbatch) not in done:
+                    raise ValueError(f"{self.row_name(s)} runs {a} before {f}: a backward "
+                                     "needs the activations of its own forward")
+                if a.kind == "W" and ("B", a.chunk, a.microbatch) not in done:
+                    raise ValueError(f"{a} before {b} on {self.row_name(s)}: the weight "
+                                     f"gradient needs the output gradient that {b} receives")
+                done.add((a.kind, a.chunk, a.microbatch))
+
+    def needs(self, rank: int, action: Action) -> tuple[int, Action] | None:
+        """The (rank, action) whose result this action waits for; None for the very first F.
+
+        Model stage k = chunk * p + rank: F of k needs F of k - 1, B of k needs B of k + 1 (the
+        last stage: its own F, where the loss is), W needs its own B."""
+        p, j, c = self.n_stages, action.microbatch, action.chunk
+        k, last = c * p + rank, self.n_model_stages - 1
+        if action.kind == "F":
+            return None if k == 0 else ((k - 1) % p, Action("F", j, (k - 1) // p))
+        if action.kind == "B":
+            return (rank, Action("F", j, c)) if k == last else \
+                ((k + 1) % p, Action("B", j, (k + 1) // p))
+        return rank, Action("B", j, c)
+
+    def cost(self, kind: str) -> int:
+        return {"F": 1, "B": self.backward_cost, "W": self.weight_cost}[kind]
 
     def _simulate(self) -> tuple[tuple[Span, ...], ...]:
-        p, cost = self.n_stages, {"F": 1, "B": self.backward_cost}
-        end: dict[tuple[int, str, int], int] = {}      # (stage, kind, mb) -> finish time
+        p = self.n_stages
+        end: dict[tuple[int, Action], int] = {}      # (rank, action) -> finish time
         spans: list[list[Span]] = [[] for _ in range(p)]
         nxt, free = [0] * p, [0] * p
         while any(nxt[s] < len(self.actions[s]) for s in range(p)):
@@ -120,29 +178,29 @@ class Schedule:
             for s in range(p):
                 while nxt[s] < len(self.actions[s]):
                     a = self.actions[s][nxt[s]]
-                    dep = _dependency(s, a, p)
+                    dep = self.needs(s, a)
                     if dep is not None and dep not in end:
                         break
                     start = max(free[s], end[dep] if dep is not None else 0)
-                    free[s] = end[(s, a.kind, a.microbatch)] = start + cost[a.kind]
-                    spans[s].append(Span(a.kind, a.microbatch, start, free[s]))
+                    free[s] = end[(s, a)] = start + self.cost(a.kind)
+                    spans[s].append(Span(a.kind, a.microbatch, start, free[s], a.chunk))
                     nxt[s] += 1
                     progressed = True
             if not progressed:
-                stuck = ", ".join(f"stage {s} at {self.actions[s][nxt[s]]}" for s in range(p)
-                                  if nxt[s] < len(self.actions[s]))
+                stuck = ", ".join(f"{self.row_name(s)} at {self.actions[s][nxt[s]]}"
+                                  for s in range(p) if nxt[s] < len(self.actions[s]))
                 raise ValueError(f"schedule {self.name!r} can never finish: every stage waits "
                                  f"for another ({stuck}); on real ranks this is a deadlock")
-        return tuple(tuple(st) for st in spans)
+        return tuple(tuple(row) for row in spans)
 
     # -- what the simulation says ---------------------------------------------------------
 
     @property
     def grid(self) -> list[list[str]]:
-        """Rows = stages, columns = time steps; a cell is "F0", "B3", or "." when idle."""
+        """Rows = ranks, columns = time steps; a cell is "F0", "B3", "W3", "F3.1" or "." (idle)."""
         rows = [["."] * self.makespan for _ in range(self.n_stages)]
-        for s, stage in enumerate(self.spans):
-            for span in stage:
+        for s, row in enumerate(self.spans):
+            for span in row:
                 for t in range(int(span.start), int(span.end)):
                     rows[s][t] = str(span)
         return rows
@@ -153,68 +211,103 @@ class Schedule:
         return measured_bubble(self.spans).overall
 
     def peak_in_flight(self, stage: int) -> int:
-        """The most micro-batches whose activations `stage` holds at once (F done, B not yet)."""
+        """The most micro-batches whose activations `stage` holds at once, counting each chunk's
+        micro-batches apart: held from F until the B, or until the W on a rank that runs W."""
         if not 0 <= stage < self.n_stages:
             raise ValueError(f"stage {stage} is not in this {self.n_stages}-stage schedule")
+        frees = "W" if self.splits_backward[stage] else "B"
         held = peak = 0
         for a in self.actions[stage]:
-            held += 1 if a.kind == "F" else -1
+            held += 1 if a.kind == "F" else -1 if a.kind == frees else 0
             peak = max(peak, held)
         return peak
 
     def describe(self) -> str:
         """One line: sizes, costs, the bubble (with its formula) and activations held."""
-        p, m = self.n_stages, self.n_microbatches
-        formula = {"gpipe": f" (formula (p-1)/(m+p-1) = {bubble_fraction(p, m):.1%})",
-                   "1f1b": f" (formula (p-1)/(m+p-1) = {bubble_fraction(p, m):.1%})",
-                   "naive": f" (formula (p-1)/p = {(p - 1) / p:.1%})"}.get(self.name, "")
-        return (f"{self.name}: p={p} stages, m={m} micro-batches, F=1 B={self.backward_cost} "
-                f"time steps; bubble {self.bubble_fraction:.1%} of the grid{formula}; "
-                "activations held at most "
-                + ", ".join(str(self.peak_in_flight(s)) for s in range(p)) + " per stage")
+        p, m, v = self.n_stages, self.n_microbatches, self.n_chunks
+        costs = f"F=1 B={self.backward_cost}" + (f" W={self.weight_cost}"
+                                                 if any(self.splits_backward) else "")
+        sizes = f"p={p} stages" if v == 1 else f"p={p} ranks x v={v} chunks"
+        formula = _FORMULAS.get(self.name)
+        if formula and self.name == "naive":
+            formula_text = f" (formula {formula} = {(p - 1) / p:.1%})"
+        elif formula and _formula_holds(self):
+            value = pp_bubble(self.name, p, m, v, t_b=self.backward_cost,
+                              t_w=self.weight_cost)
+            formula_text = f" (formula {formula} = {value:.1%})"
+        else:
+            formula_text = ""
+        return (f"{self.name}: {sizes}, m={m} micro-batches, {costs} time steps; bubble "
+                f"{self.bubble_fraction:.1%} of the grid{formula_text}; activations held at "
+                "most " + ", ".join(str(self.peak_in_flight(s)) for s in range(p))
+                + (" per stage" if v == 1 else " per rank (chunk x micro-batch)"))
 
     def __str__(self) -> str:
-        rows, width = self.grid, max(2, len(str(self.makespan - 1)),
-                                     len(str(self.n_microbatches - 1)) + 1)
-        label = len(f"stage {self.n_stages - 1}")
+        rows = self.grid
+        width = max(2, len(str(self.makespan - 1)), *(len(c) for row in rows for c in row))
+        label = len(self.row_name(self.n_stages - 1))
         out = [self.describe(),
                "time".ljust(label) + " " + " ".join(str(t).ljust(width)
                                                     for t in range(self.makespan))]
         for s, row in enumerate(rows):
-            out.append(f"stage {s}".ljust(label) + " " + " ".join(c.ljust(width) for c in row))
+            out.append(self.row_name(s).ljust(label) + " "
+                       + " ".join(c.ljust(width) for c in row))
         return "\n".join(line.rstrip() for line in out)
 
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        colour = {"F": "#c6dbef", "B": "#fdd0a2", ".": "#f0f0f0"}
         head = "".join(f"<th>{t}</th>" for t in range(self.makespan))
         body = []
-        for s, row in enumerate(self.grid):
-            cells = "".join(f'<td style="background:{colour[c[0]]};text-align:center">'
-                            f"{'' if c == '.' else c}</td>" for c in row)
-            body.append(f"<tr><th>stage {s}</th>{cells}</tr>")
+        for s, row in enumerate(self.spans):
+            cells, t = [], 0
+            for span in row:
+                if span.start > t:
+                    cells.append(f'<td colspan="{int(span.start) - t}" '
+                                 f'style="background:{IDLE_COLOUR}"></td>')
+                cells.append(f'<td colspan="{int(span.end - span.start)}" style="background:'
+                             f'{action_colour(span.kind, span.chunk)};text-align:center">'
+                             f"{span}</td>")
+                t = int(span.end)
+            if t < self.makespan:
+                cells.append(f'<td colspan="{self.makespan - t}" '
+                             f'style="background:{IDLE_COLOUR}"></td>')
+            body.append(f"<tr><th>{self.row_name(s)}</th>{''.join(cells)}</tr>")
+        legend = ("F forward, B backward" + (" (input gradient only on ranks with W), W weight "
+                                             "gradient" if any(self.splits_backward) else "")
+                  + ("; darker = later chunk" if self.n_chunks > 1 else ""))
         return (f"<p>{html.escape(self.describe())}</p><table class=\"dpmp-lab\"><thead><tr>"
-                f"<th>time</th>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>")
+                f"<th>time</th>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+                f"<p>{legend}</p>")
 
 
-def _dependency(stage: int, action: Action, p: int) -> tuple[int, str, int] | None:
-    """The (stage, kind, micro-batch) whose result this action needs, None for the very first."""
-    j = action.microbatch
-    if action.kind == "F":
-        return (stage - 1, "F", j) if stage > 0 else None
-    return (stage + 1, "B", j) if stage < p - 1 else (stage, "F", j)
+# forward blue, backward orange, weight gradient green; a later chunk in a darker shade
+_SHADES = {"F": ("#c6dbef", "#6baed6", "#2171b5", "#08519c"),
+           "B": ("#fdd0a2", "#fd8d3c", "#d94801", "#a63603"),
+           "W": ("#c7e9c0", "#74c476", "#238b45", "#006d2c")}
+IDLE_COLOUR = "#f0f0f0"
 
 
-def _check_sizes(p: int, m: int) -> None:
-    whole_number("p", p, what="a pipeline needs at least 1 stage")
-    whole_number("m", m, what="a pipeline needs at least 1 micro-batch")
+def action_colour(kind: str, chunk: int = 0) -> str:
+    """The colour of an action in every picture: its kind's hue, darker for a later chunk."""
+    shades = _SHADES[kind]
+    return shades[chunk % len(shades)]
 
 
-def bubble_fraction(p: int, m: int) -> float:
-    """(p - 1) / (m + p - 1): the idle share of a GPipe or 1F1B step with equal stages."""
-    _check_sizes(p, m)
-    return (p - 1) / (m + p - 1)
+# the formula each named schedule's describe() quotes (pp_bubble computes it)
+_FORMULAS = {"naive": "(p-1)/p", "gpipe": "(p-1)/(m+p-1)", "1f1b": "(p-1)/(m+p-1)",
+             "interleaved": "(p-1)/(v*m+p-1)", "zbh1": "(p-1)(F+B-W)/(m(F+B+W)+(p-1)(F+B-W))",
+             "zbh2": "(p-1)/(3m+p-1)"}
+
+
+def _formula_holds(schedule: Schedule) -> bool:
+    """The zero-bubble formulas assume the paper's equal costs and enough micro-batches."""
+    if schedule.name not in ("zbh1", "zbh2"):
+        return True
+    p, m = schedule.n_stages, schedule.n_microbatches
+    if schedule.name == "zbh2":
+        return schedule.backward_cost == schedule.weight_cost == 1 and m >= 2 * p - 1
+    return schedule.weight_cost <= schedule.backward_cost and m >= p
 
 
 class Bubble(NamedTuple):

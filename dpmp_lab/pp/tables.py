@@ -1,10 +1,13 @@
-"""The schedules of the literature, as tables: naive, GPipe and 1F1B.
+"""The schedules of the literature, as tables: naive, GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZB-H2.
 
     pp.one_f_one_b(4, 8)             # PipeDream-Flush / Megatron's 1F1B
-    pp.make_schedule("gpipe", 4, 8)  # the same, by name
+    pp.interleaved_1f1b(4, 8, 2)     # each rank holds 2 chunks (virtual stages)
+    pp.zb_h1(4, 8), pp.zb_h2(4, 8)   # the backward split into B (input grad) and W (weight grad)
+    pp.make_schedule("zb-h1", 4, 8)  # the same, by name
 
-Each generator returns a pp.Schedule: one list of actions per stage, nothing more. How much each
-one idles, and what it holds, is read off the Schedule's simulation.
+Each generator returns a pp.Schedule: one list of actions per rank, nothing more. How much each
+one idles, and what it holds, is read off the Schedule's simulation (and dl.cost.pp_bubble
+gives the formulas).
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ from collections.abc import Callable
 from dpmp_lab._helpers import whole_number
 from dpmp_lab.pp.schedules import Action, Schedule
 
-__all__ = ["SCHEDULES", "gpipe", "make_schedule", "naive", "one_f_one_b"]
+__all__ = ["SCHEDULES", "bubble_fraction", "gpipe", "interleaved_1f1b", "make_schedule",
+           "naive", "one_f_one_b", "zb_h1", "zb_h2"]
 
 
 def _check_sizes(p: int, m: int) -> None:
@@ -50,13 +54,132 @@ def one_f_one_b(p: int, m: int, *, backward_cost: int = 1) -> Schedule:
     return Schedule("1f1b", stages, backward_cost=backward_cost)
 
 
+def interleaved_1f1b(p: int, m: int, n_chunks: int = 2, *, backward_cost: int = 1) -> Schedule:
+    """Interleaved 1F1B: rank r holds v = n_chunks chunks, model stages r, r + p, ... (Narayanan
+    et al. 2021, Section 2.2.2; Megatron-LM's and torch's ScheduleInterleaved1F1B order).
+
+    Micro-batches go through the chunks in rounds of p: a rank's k-th forward is micro-batch
+    (k // (p v)) p + k % p through chunk (k // p) % v, its k-th backward the same with the
+    chunks counted down. Rank r warms up with (v - 1) p + 2 (p - 1 - r) forwards (all of them
+    when that is more), then alternates one F and one B, then cools down. Why m must be a
+    multiple of p: the order is counted in whole rounds of p micro-batches per chunk, and a
+    shorter last round would name micro-batches that do not exist (Megatron refuses such an m;
+    torch's version regroups m into rounds of m // (m // p) when that divides m). Megatron also
+    runs the whole step as warm-up when m == p; this follows torch there.
+    """
+    _check_sizes(p, m)
+    v = whole_number("n_chunks", n_chunks, at_least=2,
+                     what="interleaving needs at least 2 chunks per rank (with 1, use "
+                          "one_f_one_b)")
+    if m % p:
+        raise ValueError(f"interleaved 1F1B sends micro-batches through each chunk in rounds "
+                         f"of p={p}, so m must be a multiple of p (Megatron's rule); m={m} is "
+                         f"not: use m={m + p - m % p}")
+    total = v * m
+
+    def slot(k: int, kind: str) -> Action:
+        round_, within = divmod(k, p * v)
+        chunk = within // p if kind == "F" else v - 1 - within // p
+        return Action(kind, round_ * p + within % p, chunk)
+
+    ranks = []
+    for r in range(p):
+        warmup = min((v - 1) * p + 2 * (p - 1 - r), total)
+        acts = [slot(k, "F") for k in range(warmup)]
+        for i in range(total - warmup):
+            acts += [slot(warmup + i, "F"), slot(i, "B")]
+        acts += [slot(k, "B") for k in range(total - warmup, total)]
+        ranks.append(acts)
+    return Schedule("interleaved", ranks, backward_cost=backward_cost)
+
+
+def zb_h1(p: int, m: int, *, backward_cost: int = 1, weight_cost: int = 1) -> Schedule:
+    """ZB-H1 (Qi et al. 2023, Section 2.1, Figure 3 top): 1F1B with the backward split in two.
+
+    Each stage runs 1F1B's forwards and its B (input gradient) in 1F1B's order, so gradients
+    reach the previous stage sooner; stage s postpones its W (weight gradient) by s backwards
+    (W of micro-batch i after B of i + s) and runs the postponed ones at the end, where 1F1B's
+    drain idled. Every stage then holds at most p micro-batches between F and W, 1F1B's first
+    stage's peak, and the bubble is a third of 1F1B's when F, B and W take equal time.
+    """
+    _check_sizes(p, m)
+    stages = []
+    for s in range(p):
+        warmup = min(p - s - 1, m)
+        acts, w_next = [Action("F", j) for j in range(warmup)], 0
+        for i in range(m):
+            if warmup + i < m:
+                acts.append(Action("F", warmup + i))
+            acts.append(Action("B", i))
+            if i >= s:
+                acts.append(Action("W", w_next))
+                w_next += 1
+        acts += [Action("W", j) for j in range(w_next, m)]
+        stages.append(acts)
+    return Schedule("zbh1", stages, backward_cost=backward_cost, weight_cost=weight_cost)
+
+
+def zb_h2(p: int, m: int, *, backward_cost: int = 1, weight_cost: int = 1) -> Schedule:
+    """ZB-H2 (Qi et al. 2023, Section 2.2, Figure 3 bottom): zero bubble for more memory.
+
+    More forwards in the warm-up fill the wait for the first gradient, and W passes fill the
+    drain, so with equal F, B and W and m >= 2p - 1 each stage works without a pause from its
+    first action to its last: the pipeline's shape is a parallelogram, not 1F1B's trapezoid,
+    and steps run back to back leave no gap. The order is the one a simple rule gives on the
+    grid of equal steps: at each step a stage runs the B whose gradient has arrived, else the
+    next F if its input has arrived and the stage holds fewer than 2p - 1 micro-batches (F
+    done, W not), else its oldest pending W. That is the paper's peak, (2p - 1) M_B, against
+    1F1B's p M_B.
+    """
+    _check_sizes(p, m)
+    done: dict[tuple[str, int, int], int] = {}     # (kind, stage, micro-batch) -> end time
+    counts = [{"F": 0, "B": 0, "W": 0} for _ in range(p)]
+    stages: list[list[Action]] = [[] for _ in range(p)]
+    t = 0
+    while any(c["W"] < m for c in counts):
+        for s, c in enumerate(counts):
+            f_in = s == 0 or done.get(("F", s - 1, c["F"]), t + 1) <= t
+            b_in = done.get(("F", s, c["B"]) if s == p - 1 else ("B", s + 1, c["B"]), t + 1) <= t
+            if c["B"] < c["F"] and b_in:
+                kind = "B"
+            elif c["F"] < m and f_in and c["F"] - c["W"] < 2 * p - 1:
+                kind = "F"
+            elif c["W"] < c["B"]:
+                kind = "W"
+            else:
+                continue
+            done[(kind, s, c[kind])] = t + 1
+            stages[s].append(Action(kind, c[kind]))
+            c[kind] += 1
+        t += 1
+    return Schedule("zbh2", stages, backward_cost=backward_cost, weight_cost=weight_cost)
+
+
 SCHEDULES: dict[str, Callable[..., Schedule]] = {
-    "naive": naive, "gpipe": gpipe, "afab": gpipe, "1f1b": one_f_one_b}
+    "naive": naive, "gpipe": gpipe, "afab": gpipe, "1f1b": one_f_one_b,
+    "interleaved": interleaved_1f1b, "interleaved1f1b": interleaved_1f1b,
+    "zbh1": zb_h1, "zbh2": zb_h2}
 
 
-def make_schedule(name: str, p: int, m: int, *, backward_cost: int = 1) -> Schedule:
-    """A schedule by name: "naive", "gpipe" (or "afab") or "1f1b"."""
+def make_schedule(name: str, p: int, m: int, *, backward_cost: int = 1, weight_cost: int = 1,
+                  n_chunks: int = 1) -> Schedule:
+    """A schedule by name: "naive", "gpipe" (or "afab"), "1f1b", "interleaved" (n_chunks >= 2
+    per rank), "zb-h1" or "zb-h2" (weight_cost: the time steps of a W)."""
     key = name.lower().replace("-", "").replace("_", "") if isinstance(name, str) else name
     if key not in SCHEDULES:
         raise ValueError(f"unknown schedule {name!r}: choose one of {', '.join(SCHEDULES)}")
-    return SCHEDULES[key](p, m, backward_cost=backward_cost)
+    make = SCHEDULES[key]
+    if make is interleaved_1f1b:
+        return make(p, m, n_chunks, backward_cost=backward_cost)
+    if n_chunks != 1:
+        raise ValueError(f"n_chunks={n_chunks}: only the interleaved schedule runs several "
+                         f"chunks (virtual stages) per rank, not {name!r}")
+    if make in (zb_h1, zb_h2):
+        return make(p, m, backward_cost=backward_cost, weight_cost=weight_cost)
+    return make(p, m, backward_cost=backward_cost)
+
+
+def bubble_fraction(p: int, m: int) -> float:
+    """(p - 1) / (m + p - 1): the idle share of a GPipe or 1F1B step with equal stages."""
+    _check_sizes(p, m)
+    return (p - 1) / (m + p - 1)
