@@ -214,20 +214,23 @@ def pp_bubble(schedule: str, p: int, m: int, v: int = 1, *, t_f: float = 1.0,
     a forward, a backward (its input-gradient part when W is split off) and a weight gradient.
     - naive: one stage busy at a time: (p-1)/p.
     - gpipe, 1f1b: the pipeline fills and drains once: I = (p-1)(t_f + t_b), T = m(t_f + t_b),
-      so (p-1)/(m+p-1) of the step, (p-1)/m of the ideal time (GPipe, Huang et al. 2019).
+      so (p-1)/(m+p-1) of the step, (p-1)/m of the ideal time (Narayanan et al. 2021,
+      Section 2.2.1).
     - interleaved (v chunks per rank, each 1/v of the rank's layers): the fill and drain are
       made of chunks, so I shrinks v times: (p-1)/(v m + p-1) of the step, (p-1)/(v m) of
       the ideal time (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training
       on GPU Clusters Using Megatron-LM", Section 2.2.2; m a multiple of p).
     - zbh1 (Qi et al. 2023, "Zero Bubble Pipeline Parallelism", Section 2.1): the W passes fill
       the drain, I = (p-1)(t_f + t_b - t_w); 1F1B on the same model idles (p-1)(t_f + t_b +
-      t_w), so with equal times a third of it (m >= p, t_w <= t_b).
+      t_w), so with equal times a third of it. Needs m >= p, and t_w <= t_f: a W fills a slot
+      a forward left, so a longer W fills no more (I = (p-1)(t_f + t_b - min(t_w, t_f)), as
+      the simulated grids show).
     - zbh2 (ibid., Section 2.2): the paper's bubble (p-1)(t_f + t_b - 2 t_w) is 0 with equal
-      times: every rank is busy from its first action to its last. Within one step there
-      is still the fill of the first forward, rank r starting r t_f late and ending (p-1-r) t_f
-      before the last: I = (p-1) t_f. Steps run back to back (no synchronisation between
-      them, the paper's Section 4) share it: over `steps` steps I / (steps T + I), which tends
-      to the paper's 0 (equal times, m >= 2p-1).
+      times: every rank is busy from its first action to its last. Within one step there is
+      still the fill of the first forward, rank r starting r t_f late and ending (p-1-r) t_f
+      before the last: I = (p-1) t_f. Steps run back to back (no synchronisation between them,
+      the paper's Section 4) share it: over `steps` steps I / (steps T + I), which tends to
+      the paper's 0 (equal times, m >= 2p-1).
     For the others the step is the period: back-to-back steps do not overlap, because the first
     rank is busy up to the last moment of a step.
     """
@@ -246,7 +249,7 @@ def pp_bubble(schedule: str, p: int, m: int, v: int = 1, *, t_f: float = 1.0,
     elif key in ("gpipe", "afab", "1f1b", "interleaved"):
         idle, busy = (p - 1) * (t_f + t_b), v * m * (t_f + t_b)
     elif key == "zbh1":
-        idle, busy = (p - 1) * (t_f + t_b - t_w), m * (t_f + t_b + t_w)
+        idle, busy = (p - 1) * (t_f + t_b - min(t_w, t_f)), m * (t_f + t_b + t_w)
     else:
         idle, busy = (p - 1) * t_f, steps * m * (t_f + t_b + t_w)
     return idle / busy if relative_to == "ideal" else idle / (busy + idle)

@@ -131,6 +131,7 @@ def test_activations_held_gpipe_m_and_1f1b_p_minus_stage():
 def test_make_schedule_by_name():
     assert actions(pp.make_schedule("1F1B", 3, 4)) == actions(pp.one_f_one_b(3, 4))
     assert actions(pp.make_schedule("afab", 2, 3)) == actions(pp.gpipe(2, 3))
+    assert actions(pp.make_schedule("ZB-H1", 2, 3)) == actions(pp.zb_h1(2, 3))
     with pytest.raises(ValueError, match="unknown schedule 'zb'"):
         pp.make_schedule("zb", 2, 2)
 
@@ -259,7 +260,7 @@ def check_step(per_rank, kind: str, name: str, p: int, m: int, act_numel: int) -
 
 
 def test_two_stages_match_the_unpipelined_gpt(warm):
-    m, schedules = 4, ["gpipe", "1f1b", "naive"]
+    m, schedules = 4, ["gpipe", "1f1b", "naive", "zbh1", "zbh2"]
     res = dl.launch(pipelined_steps, "gpt", m, schedules, world_size=2, stream=False)
     for name in schedules:
         check_step(res.values, "gpt", name, 2, m, BATCH // m * CFG.seq_len * CFG.d_model)
@@ -272,14 +273,14 @@ def test_two_stages_match_the_unpipelined_gpt(warm):
 
 
 def test_three_stages_match_the_unpipelined_gpt(warm):
-    m, schedules = 4, ["gpipe", "1f1b"]
+    m, schedules = 4, ["gpipe", "1f1b", "zbh1"]     # ZB: integer tokens into stage 0
     res = dl.launch(pipelined_steps, "gpt", m, schedules, world_size=3, stream=False)
     for name in schedules:
         check_step(res.values, "gpt", name, 3, m, BATCH // m * CFG.seq_len * CFG.d_model)
 
 
 def test_four_stages_of_an_mlp_do_not_deadlock(warm):
-    m, schedules = 8, ["1f1b", "gpipe"]
+    m, schedules = 8, ["1f1b", "gpipe", "zbh1", "zbh2"]
     res = dl.launch(pipelined_steps, "mlp", m, schedules, world_size=4, timeout=60,
                     stream=False)
     for name in schedules:

@@ -231,11 +231,15 @@ def run_schedule(schedule: Schedule | str, stage: Stage | Sequence[Stage],
         raise TypeError(f"stage must be a Stage (or a list of them, one per chunk), not "
                         f"{type(stage).__name__}")
     first = stages[0]
+    if any(s.n_chunks != len(stages) for s in stages):
+        raise ValueError(f"this rank passed {len(stages)} stage(s) built with n_chunks="
+                         f"{first.n_chunks}: pass one Stage per chunk, all {first.n_chunks} of "
+                         "them, in chunk order")
     if [s.chunk for s in stages] != list(range(len(stages))) or \
-            any(s.n_chunks != len(stages) or s.ranks != first.ranks for s in stages):
-        raise ValueError("pass this rank's stages in chunk order, one per chunk, all built "
-                         f"with n_chunks={len(stages)} on the same pipeline group: got "
-                         + ", ".join(f"chunk {s.chunk} of {s.n_chunks}" for s in stages))
+            any(s.ranks != first.ranks for s in stages):
+        raise ValueError("pass this rank's stages in chunk order, all on the same pipeline "
+                         "group: got " + ", ".join(f"chunk {s.chunk} of {s.n_chunks} on ranks "
+                                                   f"{s.ranks}" for s in stages))
     if isinstance(schedule, str):
         if n_microbatches is None:
             raise ValueError(f"a schedule given by name ({schedule!r}) needs n_microbatches")

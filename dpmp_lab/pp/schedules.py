@@ -30,7 +30,7 @@ from dpmp_lab.cost import pp_bubble
 
 __all__ = ["Action", "Bubble", "Schedule", "Span", "measured_bubble"]
 
-KINDS = ("F", "B", "W")
+_KINDS = ("F", "B", "W")
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ class Action:
     chunk: int = 0
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
+        if self.kind not in _KINDS:
             raise ValueError(f"an action is 'F' (forward), 'B' (backward) or 'W' (weight "
                              f"gradient), not {self.kind!r}")
         for name in ("microbatch", "chunk"):
@@ -264,14 +264,14 @@ class Schedule:
             for span in row:
                 if span.start > t:
                     cells.append(f'<td colspan="{int(span.start) - t}" '
-                                 f'style="background:{IDLE_COLOUR}"></td>')
+                                 f'style="background:{_IDLE_COLOUR}"></td>')
                 cells.append(f'<td colspan="{int(span.end - span.start)}" style="background:'
-                             f'{action_colour(span.kind, span.chunk)};text-align:center">'
+                             f'{_action_colour(span.kind, span.chunk)};text-align:center">'
                              f"{span}</td>")
                 t = int(span.end)
             if t < self.makespan:
                 cells.append(f'<td colspan="{self.makespan - t}" '
-                             f'style="background:{IDLE_COLOUR}"></td>')
+                             f'style="background:{_IDLE_COLOUR}"></td>')
             body.append(f"<tr><th>{self.row_name(s)}</th>{''.join(cells)}</tr>")
         legend = ("F forward, B backward" + (" (input gradient only on ranks with W), W weight "
                                              "gradient" if any(self.splits_backward) else "")
@@ -285,10 +285,10 @@ class Schedule:
 _SHADES = {"F": ("#c6dbef", "#6baed6", "#2171b5", "#08519c"),
            "B": ("#fdd0a2", "#fd8d3c", "#d94801", "#a63603"),
            "W": ("#c7e9c0", "#74c476", "#238b45", "#006d2c")}
-IDLE_COLOUR = "#f0f0f0"
+_IDLE_COLOUR = "#f0f0f0"
 
 
-def action_colour(kind: str, chunk: int = 0) -> str:
+def _action_colour(kind: str, chunk: int = 0) -> str:
     """The colour of an action in every picture: its kind's hue, darker for a later chunk."""
     shades = _SHADES[kind]
     return shades[chunk % len(shades)]
@@ -296,18 +296,19 @@ def action_colour(kind: str, chunk: int = 0) -> str:
 
 # the formula each named schedule's describe() quotes (pp_bubble computes it)
 _FORMULAS = {"naive": "(p-1)/p", "gpipe": "(p-1)/(m+p-1)", "1f1b": "(p-1)/(m+p-1)",
-             "interleaved": "(p-1)/(v*m+p-1)", "zbh1": "(p-1)(F+B-W)/(m(F+B+W)+(p-1)(F+B-W))",
+             "interleaved": "(p-1)/(v*m+p-1)", "zbh1": "(p-1)B/(m(F+B+W)+(p-1)B)",
              "zbh2": "(p-1)/(3m+p-1)"}
 
 
 def _formula_holds(schedule: Schedule) -> bool:
-    """The zero-bubble formulas assume the paper's equal costs and enough micro-batches."""
-    if schedule.name not in ("zbh1", "zbh2"):
-        return True
+    """Where the zero-bubble formulas hold (dl.cost.pp_bubble): ZB-H1 from m = p on, ZB-H2
+    with the paper's equal costs from m = 2p - 1 on."""
     p, m = schedule.n_stages, schedule.n_microbatches
+    if schedule.name == "zbh1":
+        return m >= p
     if schedule.name == "zbh2":
         return schedule.backward_cost == schedule.weight_cost == 1 and m >= 2 * p - 1
-    return schedule.weight_cost <= schedule.backward_cost and m >= p
+    return True
 
 
 class Bubble(NamedTuple):

@@ -233,16 +233,33 @@ def grid(grid_or_none: Any = None, *, dp: int = 1, tp: int = 1, pp: int = 1, cp:
 
 # -- pipeline timeline ----------------------------------------------------------------------------
 
-_KIND_COLOUR = {"F": "#4e79a7", "B": "#f28e2b"}
-_KIND_FILL = {"F": ">", "B": "<"}
+# forward blue, backward orange, weight gradient green; chunk 1, 2, 3 of a rank in other shades
+_KIND_COLOUR = {"F": ("#4e79a7", "#a0cbe8", "#2c4f73", "#7fa7d1"),
+                "B": ("#f28e2b", "#ffbe7d", "#b5651d", "#f6aa5f"),
+                "W": ("#59a14f", "#8cd17d", "#3b6e34", "#b6e3a8")}
+_KIND_FILL = {"F": ">", "B": "<", "W": "="}
+_KIND_WORD = {"F": "forward", "B": "backward", "W": "weight gradient"}
+
+
+def _colour(span: Any) -> str:
+    shades = _KIND_COLOUR[span.kind]
+    return shades[getattr(span, "chunk", 0) % len(shades)]
+
+
+def _label(span: Any) -> str:
+    chunk = getattr(span, "chunk", 0)
+    return f"{span.kind}{span.microbatch}" + (f".{chunk}" if chunk else "")
 
 
 class Timeline(Picture):
-    """Forward and backward boxes per pipeline stage over time, idle time (the bubble) shaded.
+    """Forward, backward and weight-gradient boxes per pipeline stage (or rank) over time,
+    idle time (the bubble) shaded.
 
     `str()` draws text: an F box is its label filled with '>' (activations flow to later
-    stages), a B box filled with '<' (gradients flow back), idle time is '.'. A notebook shows
-    SVG with the idle time hatched. Spans are (kind, microbatch, start, end) in `unit`.
+    stages), a B box filled with '<' (gradients flow back), a W box with '=' (nothing flows),
+    idle time is '.'; "F3.1" is micro-batch 3 through the rank's chunk 1. A notebook shows SVG
+    with the idle time hatched and each chunk in its own shade. Spans are (kind, microbatch,
+    start, end[, chunk]) in `unit`.
     """
 
     def __init__(self, rows: Sequence[tuple[str, Sequence[Any]]], *, unit: str,
@@ -252,7 +269,7 @@ class Timeline(Picture):
         self.title = title
         self.end = max(s.end for _, spans in self.rows for s in spans)
         self.idle = measured_bubble([spans for _, spans in self.rows]).per_stage
-        labels = max(len(f"{s.kind}{s.microbatch}") for _, spans in self.rows for s in spans)
+        labels = max(len(_label(s)) for _, spans in self.rows for s in spans)
         # a schedule's integer steps get whole characters each; measured times get a fixed width
         per_step = labels + 1 if unit == "time steps" else None
         self.width = width or (int(self.end) * per_step if per_step else 96)
@@ -266,7 +283,7 @@ class Timeline(Picture):
             for s in spans:
                 a = min(round(s.start * scale), self.width - 1)
                 b = max(round(s.end * scale), a + 1)
-                text = f"{s.kind}{s.microbatch}"
+                text = _label(s)
                 text = (text + _KIND_FILL[s.kind] * (b - a))[:b - a] if b - a >= len(text) \
                     else s.kind * (b - a)
                 line[a:b] = list(text)
@@ -295,12 +312,12 @@ class Timeline(Picture):
             for s in spans:
                 x, w = x_of(s.start), max(x_of(s.end) - x_of(s.start), 0.5)
                 out.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{row_h - 4}" '
-                           f'fill="{_KIND_COLOUR[s.kind]}" stroke="white" stroke-width="0.5">'
-                           f"<title>{s.kind}{s.microbatch}: {s.start:g}-{s.end:g} "
+                           f'fill="{_colour(s)}" stroke="white" stroke-width="0.5">'
+                           f"<title>{_label(s)}: {s.start:g}-{s.end:g} "
                            f"{self.unit}</title></rect>")
-                if w >= 18:
+                if w >= 6 * len(_label(s)):
                     out.append(f'<text x="{x + w / 2:.1f}" y="{y + 16}" text-anchor="middle" '
-                               f'fill="white">{s.kind}{s.microbatch}</text>')
+                               f'fill="white">{_label(s)}</text>')
             out.append(f'<text x="{label_w + plot_w + 6}" y="{y + 17}">idle {idle:.0%}</text>')
         y = top + len(self.rows) * row_h + 14
         for k in range(6):
@@ -309,15 +326,20 @@ class Timeline(Picture):
         out.append(f'<text x="{label_w + plot_w / 2}" y="{y + 16}" text-anchor="middle">'
                    f"time ({html.escape(self.unit)})</text>")
         legend_y = y + 34
-        out.append(f'<rect x="{label_w}" y="{legend_y - 10}" width="12" height="12" '
-                   f'fill="{_KIND_COLOUR["F"]}"/><text x="{label_w + 16}" y="{legend_y}">'
-                   "forward</text>")
-        out.append(f'<rect x="{label_w + 90}" y="{legend_y - 10}" width="12" height="12" '
-                   f'fill="{_KIND_COLOUR["B"]}"/><text x="{label_w + 106}" y="{legend_y}">'
-                   "backward</text>")
-        out.append(f'<rect x="{label_w + 190}" y="{legend_y - 10}" width="12" height="12" '
-                   f'fill="url(#dpmp-idle)"/><text x="{label_w + 206}" y="{legend_y}">'
+        spans = [s for _, row in self.rows for s in row]
+        kinds = [k for k in _KIND_COLOUR if any(s.kind == k for s in spans)]
+        x = label_w
+        for k in kinds:
+            out.append(f'<rect x="{x}" y="{legend_y - 10}" width="12" height="12" '
+                       f'fill="{_KIND_COLOUR[k][0]}"/><text x="{x + 16}" y="{legend_y}">'
+                       f"{_KIND_WORD[k]}</text>")
+            x += 40 + 7 * len(_KIND_WORD[k])
+        out.append(f'<rect x="{x}" y="{legend_y - 10}" width="12" height="12" '
+                   f'fill="url(#dpmp-idle)"/><text x="{x + 16}" y="{legend_y}">'
                    "idle (bubble)</text>")
+        if any(getattr(s, "chunk", 0) for s in spans):
+            out.append(f'<text x="{x + 120}" y="{legend_y}">lighter/darker: chunk 1, 2, ... '
+                       "(F3.1 = micro-batch 3 through chunk 1)</text>")
         out.append("</svg>")
         return "".join(out)
 
@@ -343,5 +365,6 @@ def timeline(schedule_or_run: Any, *, width: int | None = None) -> Timeline:
             for r in results]
     bubble = measured_bubble(results).overall
     title = (f"{results[0].schedule}, measured: p={results[0].n_stages} stages, "
-             f"m={len(results[0].spans) // 2} micro-batches; bubble {bubble:.1%}")
+             f"m={1 + max(s.microbatch for s in results[0].spans)} micro-batches; "
+             f"bubble {bubble:.1%}")
     return Timeline(rows, unit="ms", title=title, width=width)
