@@ -2,6 +2,7 @@
 
     stages = pp.split_pieces(model.pieces(), n_stages=4)      # [embed, blocks..., head] cut in 4
     print(pp.one_f_one_b(4, 8))                               # who does what when, and the bubble
+    print(pp.zb_h1(4, 8), pp.interleaved_1f1b(4, 8, 2))       # W passes; virtual stages
     stage = pp.Stage(stages[grid.pp_rank], grid.pp_group, activation_shape=(2, 16, 32))
     result = pp.run_schedule("1f1b", stage, idx, targets, n_microbatches=4, loss_fn=lm_loss)
 
@@ -20,10 +21,18 @@ of each micro-batch:
   p - stage micro-batches of activations instead of GPipe's m, for the same bubble.
 The *bubble* is the time stages sit idle while the pipeline fills and drains. With equal
 stages it is (p - 1) / (m + p - 1) of the step for GPipe and 1F1B alike: more micro-batches,
-smaller bubble.
+smaller bubble. Two ways to shrink it further:
+- interleaved 1F1B (Megatron-LM's virtual stages): each rank holds v chunks of layers, rank
+  r the model stages r, r + p, ...; the fill and drain are made of chunks v times shorter, so
+  the bubble is (p - 1) / (v m + p - 1), for v times the point-to-point messages.
+- zero bubble (Qi et al. 2023): the backward split into B (the input gradient, which the
+  previous stage waits for) and W (the weight gradients, which nobody waits for), so that Ws
+  fill the idle slots. ZB-H1 keeps 1F1B's peak memory for a third of its bubble (F = B = W);
+  ZB-H2 holds 2p - 1 micro-batches and leaves no pause inside any stage.
 
-Two modules: pp.schedules, the plans (plain data, simulated on a time grid, no process group
-needed), and pp.runner, which cuts a model into stages and runs a plan on real ranks.
+Three modules: pp.schedules, what a schedule is (plain data, simulated on a time grid, no
+process group needed); pp.tables, the schedules above; pp.runner, which cuts a model into
+stages and runs a schedule on real ranks.
 """
 
 from dpmp_lab.pp.runner import PipelineResult, Stage, run_schedule, split_pieces

@@ -4,6 +4,12 @@ each stage run its part of the schedule, talking to its two neighbours.
     stage = pp.Stage(stages[grid.pp_rank], grid.pp_group, activation_shape=(2, 16, 32))
     result = pp.run_schedule("1f1b", stage, idx, targets, n_microbatches=4, loss_fn=lm_loss)
 
+With virtual stages a rank holds several Stages (chunks) and runs them all:
+
+    stages = [pp.Stage(pieces[c * p + r], group, activation_shape=shape, chunk=c, n_chunks=2)
+              for c in range(2)]
+    result = pp.run_schedule("interleaved", stages, idx, targets, n_microbatches=8, ...)
+
 run_schedule sends with isend and receives with blocking recv: in 1F1B's steady state two
 neighbours both want to send first (one an activation, the other a gradient), and with two
 blocking sends they would wait for each other forever.
@@ -151,7 +157,10 @@ class Stage:
 
     def _tag(self, microbatch: int, to_stage: int, what: str) -> int:
         """The micro-batch; with chunks, two ranks exchange several kinds of message (p = 2:
-        activations and gradients both ways), so the tag also names the receiving stage."""
+        activations and gradients both ways), so the tag also names the receiving stage and
+        gloo matches them whatever order a hand-written table sends them in. (NCCL ignores
+        tags and matches a pair's messages in order; every table of pp.tables sends them in
+        the order the receiver receives them.)"""
         if self.n_chunks == 1:
             return microbatch
         return (microbatch * self.n_model_stages + to_stage) * 2 + (what == "grad")
