@@ -76,6 +76,10 @@ class SleepStage(nn.Module):
         self.t, self.spans = t, spans
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # in a real model the first stage's backward still walks back through its layers; here
+        # autograd runs the B sleep only for an input that needs a gradient (both runners)
+        if not x.requires_grad:
+            x.requires_grad_()
         return _Sleep.apply(x, self.spans, self.t, "B", self.t) * \
             _Sleep.apply(self.w, self.spans, 0.0, "W", self.t)
 

@@ -93,3 +93,25 @@ def test_dp_tp_pp_and_zero_formulas_equal_what_the_references_send_and_hold(warm
         assert r["tp"] == (cost.tp_activation_bytes(b, s, d),) * 2
     # 2 micro-batches of b/2: stage 0 sends 2 activations, stage 1 sends 2 gradients back
     assert res[0]["pp"] == res[1]["pp"] == 2 * cost.pp_activation_bytes(b // 2, s, d)
+
+
+# -- pipeline schedules (the grids and real steps check these in test_pp_schedules) --------------
+
+
+def test_pipeline_bubbles_are_the_papers():
+    p, m = 8, 24
+    # Narayanan et al. 2021, Section 2.2: (p-1)/m of the ideal time, v times less interleaved
+    assert cost.pp_bubble("1f1b", p, m, relative_to="ideal") == pytest.approx((p - 1) / m)
+    assert cost.pp_bubble("interleaved", p, m, 4, relative_to="ideal") == \
+        pytest.approx((p - 1) / (4 * m))
+    assert cost.pp_bubble("GPipe", p, m) == pytest.approx((p - 1) / (m + p - 1))
+    # Qi et al. 2023, equal F, B and W: ZB-H1 idles a third of 1F1B's (p-1)/m, ZB-H2 nothing
+    # once steps run back to back
+    assert cost.pp_bubble("zb-h1", p, m, relative_to="ideal") == pytest.approx((p - 1) / (3 * m))
+    assert cost.pp_bubble("zbh2", p, m, relative_to="ideal") == pytest.approx((p - 1) / (3 * m))
+    assert cost.pp_bubble("zbh2", p, m, steps=10**6) < 1e-6
+    assert cost.pp_messages(p, m) == 2 * m * (p - 1)
+    with pytest.raises(ValueError, match="pp_bubble knows naive, gpipe"):
+        cost.pp_bubble("zb-v", p, m)
+    with pytest.raises(ValueError, match="relative_to is 'step' or 'ideal'"):
+        cost.pp_bubble("1f1b", p, m, relative_to="wall")

@@ -314,6 +314,8 @@ def test_make_schedule_knows_the_new_names():
         actions(pp.interleaved_1f1b(2, 4, 3))
     with pytest.raises(ValueError, match="n_chunks=2: only the interleaved schedule"):
         pp.make_schedule("1f1b", 2, 4, n_chunks=2)
+    with pytest.raises(ValueError, match="weight_cost=2: only the zero-bubble schedules"):
+        pp.make_schedule("1f1b", 2, 4, weight_cost=2)
 
 
 def test_message_counts():

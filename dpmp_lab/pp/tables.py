@@ -176,6 +176,10 @@ def make_schedule(name: str, p: int, m: int, *, backward_cost: int = 1, weight_c
                          f"chunks (virtual stages) per rank, not {name!r}")
     if make in (zb_h1, zb_h2):
         return make(p, m, backward_cost=backward_cost, weight_cost=weight_cost)
+    if weight_cost != 1:
+        raise ValueError(f"weight_cost={weight_cost}: only the zero-bubble schedules split W "
+                         f"off the backward, not {name!r} (its B is the whole backward: give it "
+                         "backward_cost)")
     return make(p, m, backward_cost=backward_cost)
 
 
