@@ -301,9 +301,12 @@ _FORMULAS = {"naive": "(p-1)/p", "gpipe": "(p-1)/(m+p-1)", "1f1b": "(p-1)/(m+p-1
 
 
 def _formula_holds(schedule: Schedule) -> bool:
-    """Where the zero-bubble formulas hold (dl.cost.pp_bubble): ZB-H1 from m = p on, ZB-H2
-    with the paper's equal costs from m = 2p - 1 on."""
+    """Where a schedule's formula (dl.cost.pp_bubble) holds: ZB-H1 from m = p on, ZB-H2 with
+    the paper's equal costs from m = 2p - 1 on, the others always."""
     p, m = schedule.n_stages, schedule.n_microbatches
+    if (schedule.n_chunks > 1) != (schedule.name == "interleaved") or \
+            any(schedule.splits_backward) != (schedule.name in ("zbh1", "zbh2")):
+        return False       # a hand-written table under a library schedule's name
     if schedule.name == "zbh1":
         return m >= p
     if schedule.name == "zbh2":
