@@ -170,13 +170,16 @@ def test_interleaved_order_is_torchs(torch_orders, p, m, v):
     assert wrong != theirs
 
 
+def _with_w_after_b(a) -> list[str]:
+    return [str(a), f"W{a.microbatch}"] if a.kind == "B" else [str(a)]
+
+
 @pytest.mark.parametrize("p, m", ZB_CASES)
 def test_zb_h1_order_is_torchs_interleaved_zero_bubble_with_one_chunk(torch_orders, p, m):
     theirs = from_torch(torch_orders[f"ScheduleInterleavedZeroBubble {p} {m} 1"], p)
     assert actions(pp.zb_h1(p, m)) == theirs
     # 1F1B with each W right after its B (no postponing) is not it, from p = 2 on
-    eager = [[x for a in row for x in ([str(a), f"W{a.microbatch}"] if a.kind == "B" else
-                                         [str(a)])] for row in pp.one_f_one_b(p, m).actions]
+    eager = [[x for a in row for x in _with_w_after_b(a)] for row in pp.one_f_one_b(p, m).actions]
     assert eager != theirs
 
 
