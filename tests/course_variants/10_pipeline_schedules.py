@@ -1,0 +1,250 @@
+"""Wrong answers to 10_pipeline_schedules, and the graded cells each must lose (all others keep
+points); and right answers written another way, which must lose nothing.
+
+Most variants are the solution cell with one mistake written in, as an exact edit of the
+solution notebook's own source, so they follow the notebook as it changes.
+"""
+
+from __future__ import annotations
+
+from tests.course_variants import solution_editor
+
+_edit = solution_editor("10_pipeline_schedules")
+
+# -- Exercise 1: interleaved 1F1B -------------------------------------------------------------
+
+CHUNK_MAJOR = _edit(
+    "interleaved_table",
+    ("        round_, within = divmod(k, p * v)\n"
+     "        chunk = within // p if kind == \"F\" else v - 1 - within // p\n"
+     "        name = f\"{kind}{round_ * p + within % p}\"",
+     "        chunk, j = divmod(k, m)                  # all m through chunk 0 first\n"
+     "        chunk = chunk if kind == \"F\" else v - 1 - chunk\n"
+     "        name = f\"{kind}{j}\""))
+
+WARMUP_OF_1F1B = _edit("interleaved_table",
+                       ("warmup = min((v - 1) * p + 2 * (p - 1 - r), total)",
+                        "warmup = min((v - 1) * p + (p - 1 - r), total)"))
+
+BACKWARD_CHUNKS_COUNTED_UP = _edit(
+    "interleaved_table",
+    ('chunk = within // p if kind == "F" else v - 1 - within // p', "chunk = within // p"))
+
+ANY_M = _edit("interleaved_table",
+              ("    if m % p:\n", "    if False:\n"))
+
+TABLE_FROM_THE_LIBRARY = {"interleaved_table": '''
+def interleaved_table(p, m, v):
+    """The library's table."""
+    return [[str(a) for a in row] for row in dl.pp.interleaved_1f1b(p, m, v).actions]
+'''}
+
+SENDS_WITHOUT_THE_WRAP = _edit("predict_sends",
+                               ("2: 2 * 8 * (2 * 4 - 1)", "2: 2 * 2 * 8 * (4 - 1)"))
+
+# -- Exercise 2: B and W ------------------------------------------------------------------------
+
+WEIGHT_GRAD_TRANSPOSED = _edit("bw_linear", ("return grad_out.T @ inp, grad_out.sum(dim=0)",
+                                             "return inp.T @ grad_out, grad_out.sum(dim=0)"))
+
+BIAS_GRAD_AVERAGED = _edit("bw_linear", ("return grad_out.T @ inp, grad_out.sum(dim=0)",
+                                         "return grad_out.T @ inp, grad_out.mean(dim=0)"))
+
+INPUT_GRAD_WITH_THE_TRANSPOSE = _edit("bw_linear", ("return grad_out @ weight\n",
+                                                    "return grad_out @ weight.T\n"))
+
+W_DONE_DURING_B = _edit(
+    "bw_stage",
+    ("        held[i] = (g, acts[i])               # W of layer i needs its grad_out and its input\n",
+     "        held[i] = (g, acts[i])               # W of layer i needs its grad_out and its input\n"
+     "        gw, gb = backward_weight(g, acts[i])   # why wait?\n"
+     "        layers[i].weight.grad, layers[i].bias.grad = gw, gb\n"))
+
+NO_TANH_DERIVATIVE = _edit("bw_stage", ("            g = g * (1 - acts[i + 1] ** 2)\n",
+                                        "            pass\n"))
+
+HOLDS_THE_GRADIENT_BEFORE_TANH = _edit(
+    "bw_stage",
+    ("        if i < len(layers) - 1:              # through tanh: its output is acts[i + 1]\n"
+     "            g = g * (1 - acts[i + 1] ** 2)\n"
+     "        held[i] = (g, acts[i])",
+     "        after_tanh = g\n"
+     "        if i < len(layers) - 1:              # through tanh: its output is acts[i + 1]\n"
+     "            g = g * (1 - acts[i + 1] ** 2)\n"
+     "        held[i] = (after_tanh, acts[i])"))
+
+W_OVERWRITES_GRAD = _edit(
+    "bw_stage",
+    ("param.grad = grad.clone() if param.grad is None else param.grad + grad",
+     "param.grad = grad.clone()"))
+
+# right, another way: autograd does B and W, keeping the graph between them
+B_AND_W_BY_AUTOGRAD = {"bw_stage": '''
+def b_step(layers, acts, grad_out):
+    """B by autograd: the stage's forward again with the graph, the input gradient only."""
+    with torch.enable_grad():
+        x = acts[0].detach().requires_grad_()
+        out, _ = stage_forward(layers, x)
+        (grad_in,) = torch.autograd.grad(out, x, grad_out, retain_graph=True)
+    return grad_in, (out, grad_out)
+
+
+def w_step(layers, held):
+    """W by autograd: the parameters' gradients from the graph B kept."""
+    out, grad_out = held
+    params = [q for layer in layers for q in (layer.weight, layer.bias)]
+    with torch.enable_grad():
+        grads = torch.autograd.grad(out, params, grad_out)
+    for q, g in zip(params, grads):
+        q.grad = g.clone() if q.grad is None else q.grad + g
+'''}
+
+# -- Exercise 3: ZB-H1 ----------------------------------------------------------------------------
+
+W_RIGHT_AFTER_B = _edit("zb_h1_table", ("            if i >= s:                       # stage s postpones its Ws by s backwards\n",
+                                        "            if True:\n"))
+
+EVERY_W_AT_THE_END = _edit("zb_h1_table", ("            if i >= s:                       # stage s postpones its Ws by s backwards\n",
+                                           "            if False:\n"))
+
+GPIPE_ORDER_WITH_W = {"zb_h1_table": '''
+def zb_h1_table(p, m):
+    """GPipe's order, each W right after the B."""
+    return [[f"F{j}" for j in range(m)] + [x for j in range(m) for x in (f"B{j}", f"W{j}")]
+            for _ in range(p)]
+'''}
+
+ZB_FROM_THE_LIBRARY = {"zb_h1_table": '''
+def zb_h1_table(p, m):
+    """The library's table."""
+    return [[str(a) for a in row] for row in dl.pp.zb_h1(p, m).actions]
+'''}
+
+# right, another way: 1F1B's Fs and Bs, and a W only when the stage would otherwise exceed p
+# micro-batches held (before a forward), the rest at the end
+LAZY_W = {"zb_h1_table": '''
+def zb_h1_table(p, m):
+    table = []
+    for s in range(p):
+        warmup = min(p - s - 1, m)
+        fb = [f"F{j}" for j in range(warmup)]
+        for i in range(m - warmup):
+            fb += [f"F{warmup + i}", f"B{i}"]
+        fb += [f"B{j}" for j in range(m - warmup, m)]
+        row, forwards, ws, backs = [], 0, 0, 0
+        for a in fb:
+            if a[0] == "F":
+                if forwards - ws == p:
+                    row.append(f"W{ws}")
+                    ws += 1
+                forwards += 1
+            else:
+                backs += 1
+            row.append(a)
+            if a[0] == "B" and backs - ws > s:
+                row.append(f"W{ws}")
+                ws += 1
+        row += [f"W{j}" for j in range(ws, m)]
+        table.append(row)
+    return table
+'''}
+
+ZB_H2_PEAK_OF_ZB_H1 = _edit("zb_h2_peak", ("zb_h2_peak = 2 * 4 - 1", "zb_h2_peak = 4"))
+
+# -- Exercise 4: torch.distributed.pipelining -----------------------------------------------------
+
+CONTIGUOUS_CHUNKS = _edit("torch_step", ("mine = [c * p + rank for c in range(v)]",
+                                         "mine = [rank * v + c for c in range(v)]"))
+
+P_STAGES_NOT_VP = _edit("torch_step", ("stages = [PipelineStage(pieces[k], k, v * p, dev) for k in mine]",
+                                       "stages = [PipelineStage(pieces[k], k, p, dev) for k in mine]"))
+
+NO_TARGET_ON_THE_LAST_RANK = _edit("torch_step", ("    if v * p - 1 in mine:\n",
+                                                  "    if False:\n"))
+
+# -- reading and recall ---------------------------------------------------------------------------
+
+DUALPIPE_WITH_B_AS_INPUT_PART = _edit("dualpipe_bubbles",
+                                      ('"zb1p": 7 * (1 + 2 - 2)', '"zb1p": 7 * (1 + 1 - 2)'))
+
+RECALL_WRONG = {
+    "answer_interleaved_ideal": "q_interleaved_ideal = 7 / 39\n",
+    "answer_why_rounds": 'q_why_rounds = "c"\n',
+    "answer_w_later": 'q_w_later = "c"\n',
+    "answer_memory_tight": 'q_memory_tight = "a"\n',
+}
+
+# "visible": the test cells that already fail in the learner's view (hidden tests stripped),
+# before hand-in; "visible_says": words of the hint they show there.
+VARIANTS = [
+    {"name": "interleaved: all m micro-batches through chunk 0 first, not rounds of p",
+     "replace": CHUNK_MAJOR, "loses": ["interleaved_tests"],
+     "visible": ["interleaved_tests"], "visible_says": ["rounds of p"]},
+    {"name": "interleaved: 1F1B's warm-up, without the trip back",
+     "replace": WARMUP_OF_1F1B, "loses": ["interleaved_tests"],
+     "visible": ["interleaved_tests"], "visible_says": ["warm-up"]},
+    {"name": "interleaved: backwards through the chunks counted up",
+     "replace": BACKWARD_CHUNKS_COUNTED_UP, "loses": ["interleaved_tests"],
+     "visible": ["interleaved_tests"], "visible_says": ["counted down"]},
+    {"name": "interleaved: m not a multiple of p accepted",
+     "replace": ANY_M, "loses": ["interleaved_tests"],
+     "visible": ["interleaved_tests"], "visible_says": ["ValueError"]},
+    {"name": "interleaved: the library's table (switched off while graded)",
+     "replace": TABLE_FROM_THE_LIBRARY, "loses": ["interleaved_tests"],
+     "visible": ["interleaved_tests"], "visible_says": ["is switched off"]},
+    {"name": "messages: the wrap from the last rank to the first forgotten",
+     "replace": SENDS_WITHOUT_THE_WRAP, "loses": ["predict_sends_tests"]},
+    {"name": "W: the weight gradient transposed",
+     "replace": WEIGHT_GRAD_TRANSPOSED, "loses": ["bw_linear_tests", "bw_stage_tests"],
+     "visible": ["bw_linear_tests", "bw_stage_tests"], "visible_says": ["has shape"]},
+    {"name": "W: the bias gradient averaged over the rows",
+     "replace": BIAS_GRAD_AVERAGED, "loses": ["bw_linear_tests", "bw_stage_tests"],
+     "visible": ["bw_linear_tests", "bw_stage_tests"], "visible_says": ["divided by n"]},
+    {"name": "B: the input gradient with the weight transposed",
+     "replace": INPUT_GRAD_WITH_THE_TRANSPOSE, "loses": ["bw_linear_tests", "bw_stage_tests"],
+     "visible": ["bw_linear_tests", "bw_stage_tests"]},
+    {"name": "stage: W computed during B",
+     "replace": W_DONE_DURING_B, "loses": ["bw_stage_tests"],
+     "visible": ["bw_stage_tests"], "visible_says": ["already have a gradient"]},
+    {"name": "stage: B skips tanh's derivative",
+     "replace": NO_TANH_DERIVATIVE, "loses": ["bw_stage_tests"],
+     "visible": ["bw_stage_tests"]},
+    {"name": "stage: W keeps the gradient before tanh's derivative",
+     "replace": HOLDS_THE_GRADIENT_BEFORE_TANH, "loses": ["bw_stage_tests"],
+     "visible": ["bw_stage_tests"]},
+    {"name": "stage: W overwrites .grad instead of adding (shows with two micro-batches)",
+     "replace": W_OVERWRITES_GRAD, "loses": ["bw_stage_tests"],
+     "visible": ["bw_stage_tests"]},
+    {"name": "stage: B and W by autograd, the graph kept between them (right)",
+     "replace": B_AND_W_BY_AUTOGRAD, "loses": []},
+    {"name": "ZB-H1: each W right after its B (1F1B in two pieces)",
+     "replace": W_RIGHT_AFTER_B, "loses": ["zb_h1_tests"],
+     "visible": ["zb_h1_tests"], "visible_says": ["fills nothing"]},
+    {"name": "ZB-H1: every W at the end (holds all m)",
+     "replace": EVERY_W_AT_THE_END, "loses": ["zb_h1_tests"],
+     "visible": ["zb_h1_tests"], "visible_says": ["until its W"]},
+    {"name": "ZB-H1: GPipe's order with Ws",
+     "replace": GPIPE_ORDER_WITH_W, "loses": ["zb_h1_tests"],
+     "visible": ["zb_h1_tests"], "visible_says": ["1F1B's place"]},
+    {"name": "ZB-H1: the library's table (switched off while graded)",
+     "replace": ZB_FROM_THE_LIBRARY, "loses": ["zb_h1_tests"],
+     "visible": ["zb_h1_tests"], "visible_says": ["is switched off"]},
+    {"name": "ZB-H1: Ws as late as memory allows (right, another table)",
+     "replace": LAZY_W, "loses": []},
+    {"name": "ZB-H2's peak taken for ZB-H1's",
+     "replace": ZB_H2_PEAK_OF_ZB_H1, "loses": ["zb_h2_peak_tests"]},
+    {"name": "torch: contiguous chunks per rank, not interleaved",
+     "replace": CONTIGUOUS_CHUNKS, "loses": ["torch_step_tests"],
+     "visible": ["torch_step_tests"], "visible_says": ["r + p"]},
+    {"name": "torch: p stages announced, not v p",
+     "replace": P_STAGES_NOT_VP, "loses": ["torch_step_tests"],
+     "visible": ["torch_step_tests"]},
+    {"name": "torch: the last rank passes no target",
+     "replace": NO_TARGET_ON_THE_LAST_RANK, "loses": ["torch_step_tests"],
+     "visible": ["torch_step_tests"]},
+    {"name": "DualPipe's table read with B as the input part",
+     "replace": DUALPIPE_WITH_B_AS_INPUT_PART, "loses": ["dualpipe_tests"]},
+    {"name": "recall: every answer wrong", "replace": RECALL_WRONG,
+     "loses": ["recall_interleaved_ideal", "recall_why_rounds", "recall_w_later",
+               "recall_memory_tight"]},
+]
