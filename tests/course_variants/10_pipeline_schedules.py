@@ -159,6 +159,12 @@ CONTIGUOUS_CHUNKS = _edit("torch_step", ("mine = [c * p + rank for c in range(v)
 P_STAGES_NOT_VP = _edit("torch_step", ("stages = [PipelineStage(pieces[k], k, v * p, dev) for k in mine]",
                                        "stages = [PipelineStage(pieces[k], k, p, dev) for k in mine]"))
 
+INPUT_ARGS_OF_THE_DEMO = _edit(
+    "torch_step", ("stages = [PipelineStage(pieces[k], k, v * p, dev) for k in mine]",
+                   "stages = [PipelineStage(pieces[k], k, v * p, dev,\n"
+                   "                            input_args=torch.zeros(1, 4, device=dev))\n"
+                   "              for k in mine]"))
+
 NO_TARGET_ON_THE_LAST_RANK = _edit("torch_step", ("    if v * p - 1 in mine:\n",
                                                   "    if False:\n"))
 
@@ -182,7 +188,7 @@ VARIANTS = [
      "visible": ["interleaved_tests"], "visible_says": ["rounds of p"]},
     {"name": "interleaved: 1F1B's warm-up, without the trip back",
      "replace": WARMUP_OF_1F1B, "loses": ["interleaved_tests"],
-     "visible": ["interleaved_tests"], "visible_says": ["warm-up"]},
+     "visible": ["interleaved_tests"], "visible_says": ["forwards before its first backward"]},
     {"name": "interleaved: backwards through the chunks counted up",
      "replace": BACKWARD_CHUNKS_COUNTED_UP, "loses": ["interleaved_tests"],
      "visible": ["interleaved_tests"], "visible_says": ["counted down"]},
@@ -214,12 +220,12 @@ VARIANTS = [
      "visible": ["bw_stage_tests"]},
     {"name": "stage: W overwrites .grad instead of adding (shows with two micro-batches)",
      "replace": W_OVERWRITES_GRAD, "loses": ["bw_stage_tests"],
-     "visible": ["bw_stage_tests"]},
+     "visible": ["bw_stage_tests"], "visible_says": ["add up"]},
     {"name": "stage: B and W by autograd, the graph kept between them (right)",
      "replace": B_AND_W_BY_AUTOGRAD, "loses": []},
     {"name": "ZB-H1: each W right after its B (1F1B in two pieces)",
      "replace": W_RIGHT_AFTER_B, "loses": ["zb_h1_tests"],
-     "visible": ["zb_h1_tests"], "visible_says": ["fills nothing"]},
+     "visible": ["zb_h1_tests"], "visible_says": ["leaves them empty"]},
     {"name": "ZB-H1: every W at the end (holds all m)",
      "replace": EVERY_W_AT_THE_END, "loses": ["zb_h1_tests"],
      "visible": ["zb_h1_tests"], "visible_says": ["until its W"]},
@@ -239,6 +245,9 @@ VARIANTS = [
     {"name": "torch: p stages announced, not v p",
      "replace": P_STAGES_NOT_VP, "loses": ["torch_step_tests"],
      "visible": ["torch_step_tests"]},
+    {"name": "torch: the demo's input_args copied (float32, 4 wide)",
+     "replace": INPUT_ARGS_OF_THE_DEMO, "loses": ["torch_step_tests"],
+     "visible": ["torch_step_tests"], "visible_says": ["input_args"]},
     {"name": "torch: the last rank passes no target",
      "replace": NO_TARGET_ON_THE_LAST_RANK, "loses": ["torch_step_tests"],
      "visible": ["torch_step_tests"]},
