@@ -672,6 +672,11 @@ def test_keyboard_interrupt_stops_every_rank():
         while True:
             time.sleep(0.05)
 
+    # once (1028 tests, 2 workers, a loaded machine) the SIGINT below never interrupted the
+    # launch; if a test before this one left its own SIGINT handler, say whose
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, (
+        f"SIGINT is handled by {signal.getsignal(signal.SIGINT)!r}: a test that ran before "
+        "this one in this process replaced Python's handler and did not put it back")
     timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
     t0 = time.monotonic()
