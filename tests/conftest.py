@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
+import warnings
 from collections import OrderedDict
 from pathlib import Path
 
@@ -12,6 +14,25 @@ import pytest
 import dpmp_lab as dl
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def sigint_put_back(request):
+    """A test that leaves SIGINT ignored or handled by its own code (an in-process Jupyter app
+    may: ipykernel's IPKernelApp ignores it) breaks every later Ctrl-C test on its worker, as
+    it did once to test_keyboard_interrupt_stops_every_rank in a full run: say which test, and
+    put the handler back."""
+    def put_back(when: str) -> None:
+        handler = signal.getsignal(signal.SIGINT)
+        if handler is not signal.default_int_handler:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            warnings.warn(f"SIGINT was handled by {handler!r} {when} {request.node.nodeid} "
+                          "(its fixtures' setup included); put back", stacklevel=1)
+
+    put_back("before")
+    yield
+    put_back("after")
+
 
 # Long-lived helpers that multiprocessing starts once per process; they are not leaks.
 _HELPERS = ("multiprocessing.forkserver", "multiprocessing.resource_tracker")
