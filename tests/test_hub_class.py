@@ -221,9 +221,11 @@ class Hub:
 
     def stop(self) -> list[str]:
         """Stop the hub as Ctrl-C would (it stops the servers and its proxy); return what
-        outlived it, killed."""
+        outlived it by 5 s, killed. A kernel's forkserver exits when it sees its kernel gone,
+        a moment after: once, on a loaded machine, it was still there the instant the hub
+        had stopped."""
         self.started.update(descendants(self.proc.pid))
-        return stop_group(self.proc, self.log, signal.SIGINT, self.started)
+        return stop_group(self.proc, self.log, signal.SIGINT, self.started, grace=5.0)
 
 
 class Phases:
