@@ -18,16 +18,17 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(autouse=True)
 def sigint_put_back(request):
-    """A test that leaves SIGINT ignored or handled by its own code (an in-process Jupyter app
-    may: ipykernel's IPKernelApp ignores it) breaks every later Ctrl-C test on its worker, as
-    it did once to test_keyboard_interrupt_stops_every_rank in a full run: say which test, and
-    put the handler back."""
+    """Every test starts and ends with Python's own SIGINT handler. Python keeps SIGINT ignored
+    when it starts with it ignored, as a shell's background job does (`.ci/run &` in a script),
+    and then the Ctrl-C tests wait out their launch's timeout; a test or fixture could also
+    leave its own handler. Say so, and put Python's back."""
     def put_back(when: str) -> None:
         handler = signal.getsignal(signal.SIGINT)
         if handler is not signal.default_int_handler:
             signal.signal(signal.SIGINT, signal.default_int_handler)
             warnings.warn(f"SIGINT was handled by {handler!r} {when} {request.node.nodeid} "
-                          "(its fixtures' setup included); put back", stacklevel=1)
+                          "(inherited, e.g. by a background job, or set by a test or fixture "
+                          "before); put back", stacklevel=1)
 
     put_back("before")
     yield

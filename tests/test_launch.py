@@ -672,11 +672,10 @@ def test_keyboard_interrupt_stops_every_rank():
         while True:
             time.sleep(0.05)
 
-    # once (1028 tests, 2 workers, a loaded machine) the SIGINT below never interrupted the
-    # launch; if a test before this one left its own SIGINT handler, say whose
+    # conftest.sigint_put_back gives every test Python's handler (pytest started as a
+    # background job inherits SIGINT ignored, and the SIGINT below would then do nothing)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, (
-        f"SIGINT is handled by {signal.getsignal(signal.SIGINT)!r}: a test that ran before "
-        "this one in this process replaced Python's handler and did not put it back")
+        f"SIGINT is handled by {signal.getsignal(signal.SIGINT)!r}, not Python's handler")
     timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
     t0 = time.monotonic()
