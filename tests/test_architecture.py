@@ -49,7 +49,7 @@ LAYERS = {
     "launcher.hints": 0, "launcher.flight": 0,
     "instructor.scan": 0, "instructor.sandbox": 0, "instructor.limits": 0,
     "instructor.nbgrader_steps": 0,
-    "instructor.server_paths": 0,
+    "instructor.server_paths": 0, "harness.cells": 0,
     # 1: what a rank knows and records
     "context": 1, "trace": 1, "launcher.audit": 1, "launcher.collective_inputs": 1,
     # 2: launching ranks, and the groups of a grid
@@ -60,7 +60,7 @@ LAYERS = {
     # 4: the grader's checks
     "check": 4,
     # 5: pictures of everything below
-    "viz": 5,
+    "viz": 5, "harness": 5,
     # 6: the facade, the commands, the notebook magic, grading a class
     "": 6, "cli": 6, "magic": 6, "nbgrader_plugin": 6, "instructor": 6,
 }

@@ -1,8 +1,8 @@
-"""cell_dependencies.py: which cells the one-kernel grading re-runs after a changed cell."""
+"""dpmp_lab/harness/cells.py: which cells the one-kernel grading re-runs after a changed cell."""
 
 from __future__ import annotations
 
-from tests.cell_dependencies import EVERYTHING, cell_names, cells_to_rerun
+from dpmp_lab.harness.cells import EVERYTHING, cell_names, cells_to_rerun
 
 
 def test_names_read_and_bound_through_magics_defs_and_lambdas():

@@ -22,10 +22,10 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+from dpmp_lab.harness.cells import cells_to_rerun, read_cells, spoils
 from dpmp_lab.instructor import course
 from dpmp_lab.instructor.nbgrader_steps import Step
 
-from .cell_dependencies import cells_to_rerun, read_cells, spoils
 from .conftest import ROOT, stray_processes
 from .notebook_sources import cells_by_kind, source_notebook, variants, with_replacements
 
@@ -306,7 +306,7 @@ def test_the_learner_sees_the_same_failure_without_the_hidden_tests(graded, name
 # more would only repeat it.)
 # After its changed cells a variant re-runs only the cells that read a name whose value differs
 # from the solution's at that point (tests/checkpoints.py compares them after each cell it runs;
-# tests/cell_dependencies.py reads which names each cell reads), with the solution's values and
+# dpmp_lab/harness/cells.py reads which names each cell reads), with the solution's values and
 # random state put back where it skipped; a result other than the variant's `loses` is checked by
 # re-running the whole rest of the notebook, and the sample nbgrader grades is the variant that
 # the sources alone say skips the most.

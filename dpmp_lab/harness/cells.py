@@ -1,5 +1,6 @@
-"""Which cells of a notebook a change can reach: what the one-kernel grading of
-tests/test_course.py re-runs after a variant's cells, instead of the whole rest of the notebook.
+"""Which names each cell of a notebook reads and binds, and which cells a change can reach:
+what the one-kernel grading of tests/test_course.py re-runs after a variant's cells, instead of
+the whole rest of the notebook.
 
 A static reading of each cell's names, conservative where it can be: a cell re-runs when it
 reads a name that a re-run cell bound or may have changed (any name a re-run cell reads may
@@ -17,6 +18,9 @@ an object that keeps a callback) can make a skipping run differ from a full one.
 that uses this checks every variant's result against the cells it should lose and re-runs the
 whole rest of the notebook when the two differ, so a skipping run that fails too much is
 repaired, and nbgrader grades the variant that skips the most in full.
+
+Why it stays whole: a cell's names (`cell_names`) and a notebook's (`read_cells`) are one reading
+of Python's scopes, with one set of rules for what counts as a read and a bind.
 """
 
 from __future__ import annotations
@@ -406,3 +410,7 @@ def cells_to_rerun(sources: list[str | None], changed: set[int],
                     run.add(i)
                     grew = True
     return run
+
+
+__all__ = ["EVERYTHING", "WRITES", "CellNames", "Reading", "cell_names", "cells_to_rerun",
+           "read_cells", "spoils"]
