@@ -1,25 +1,22 @@
-"""Tamper evidence for grading: the grader's functions cannot be swapped out unnoticed.
+"""Tamper evidence in the ranks: what a rank records for grading (its trace, its collectives)
+comes from the library's own functions, not ones the learner's code swapped in.
 
-A learner's cell runs in the same kernel as the grader's hidden tests, so three lines that
-replace `dl.check.comm` (or `dist.all_reduce`, or `Trace.count`) with a do-nothing function
-would otherwise turn every check green. Three layers, each simple:
+The tests that decide a grade run in a harness of their own (dpmp_lab/harness), where no code
+of the submission runs; the ranks they launch run the learner's code beside the library's
+tracer, so a rank is where the library's functions could still be changed under the grader:
+three lines that replace `dl.trace.tensors_in` or `dist.all_reduce` in a rank would change what
+its trace reports. So:
 
-1. Read-only names. dpmp_lab's modules and torch.distributed's refuse, with a message, an
-   assignment or deletion of any function or class they held when dpmp_lab was imported
-   (`dl.check.comm = ...` raises at once). New names stay allowed (submodules, helpers).
-2. A snapshot. At import, every function and class of those modules, and the methods of the
-   classes the grader reads (Trace, CommEvent, LaunchResult), is remembered; `verify()`
-   compares, and fails naming what changed. Every dl.check function calls it, and so does
-   every launch under nbgrader (in the notebook and in each rank, after the rank's code ran):
-   writing into a module's `__dict__` is caught there.
-3. A scan of the submitted source (scan.py) reads the learner's cells without running them:
-   nbgrader's autograde runs it, and a finding sets every graded cell of the notebook to zero
-   with the finding as its error, so the grade says so.
+1. A snapshot. At import, every function and class of the library's grading modules and of
+   torch.distributed, and the methods of the classes the grader reads (Trace, CommEvent,
+   LaunchResult), is remembered (`remember`); `verify()` compares, and fails naming what
+   changed. Every rank launched under nbgrader calls it after the rank's code ran.
+2. A scan of the submitted source (dpmp_lab/instructor/scan.py) reads the learner's cells
+   without running them: a write into the library's code zeroes the notebook and flags it.
 
-What it does not stop: a learner who reads this file and works around all three (for example
-by editing the installed package on disk before grading, or by rebuilding the functions with
-their original identity). No autograder that runs learner code in its own process can; these
-layers make the obvious attempts fail loudly and put the lines in the feedback.
+What it does not stop: a learner who reads this file and works around both (rebuilding the
+functions with their original identity, say) changes what their own ranks report; the README
+says so. The learner's own kernel is not guarded at all: the tests do not run there.
 """
 
 from __future__ import annotations
@@ -36,8 +33,8 @@ from collections.abc import Iterator
 from typing import Any
 
 __all__ = ["GRADER_MODULES", "GRADER_PACKAGES", "GUARDED_CLASSES", "GUARDED_MODULES",
-           "TORCH_MODULES", "TamperingDetected", "changes", "grading", "guarded_count", "protect",
-           "swapped", "verify"]
+           "TORCH_MODULES", "TamperingDetected", "changes", "grading", "guarded_count",
+           "remember", "swapped", "verify"]
 
 # The grader's modules, whose functions and classes are guarded: the package's facade (with all
 # it re-exports), these modules, and every module of these packages, found on disk, so that a
@@ -80,29 +77,11 @@ def _guardable(value: Any) -> bool:
                               types.ModuleType))
 
 
-class _ReadOnlyModule(types.ModuleType):
-    """A module whose remembered functions and classes cannot be reassigned or deleted."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        old = _snapshot.get((self.__name__, name), _MISSING)
-        if old is not _MISSING and value is not old:
-            raise TamperingDetected(
-                f"{self.__name__}.{name} cannot be replaced: the grader relies on it. Write "
-                "your own function under another name instead.")
-        super().__setattr__(name, value)
-
-    def __delattr__(self, name: str) -> None:
-        if (self.__name__, name) in _snapshot:
-            raise TamperingDetected(f"{self.__name__}.{name} cannot be deleted: the grader "
-                                    "relies on it.")
-        super().__delattr__(name)
-
-
 _MISSING = object()
 
 
-def protect() -> None:
-    """Take the snapshot and make the guarded modules read-only (once, at dpmp_lab's import)."""
+def remember() -> None:
+    """Take the snapshot (once, at dpmp_lab's import)."""
     if _snapshot:
         return
     with warnings.catch_warnings():   # torch's deprecated aliases warn when looked at
@@ -119,8 +98,6 @@ def _take_snapshot() -> None:
             if (ours and not attr.startswith("__") or not attr.startswith("_")) \
                     and _guardable(value):
                 _snapshot[(name, attr)] = value
-        if type(module) is types.ModuleType:
-            module.__class__ = _ReadOnlyModule
     for path in GUARDED_CLASSES:
         module_name, _, cls_name = path.rpartition(".")
         cls = getattr(sys.modules[module_name], cls_name)
@@ -132,7 +109,7 @@ def _take_snapshot() -> None:
 @contextlib.contextmanager
 def swapped(owner: Any, name: str, value: Any) -> Iterator[None]:
     """The one sanctioned change: `owner.name` is `value` while inside, snapshot included, so
-    the guard and verify() accept it (dl.check.references_off switches references off so)."""
+    verify() accepts it (dl.check.references_off switches references off so)."""
     key = (getattr(owner, "__name__", ""), name)
     if isinstance(owner, type):
         key = (f"{owner.__module__}.{owner.__qualname__}", name)

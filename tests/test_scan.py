@@ -1,4 +1,4 @@
-"""The scan of a submission's own cells (scan.py): it finds every write into the grader and
+"""The scan of a submission's own cells (scan.py): it finds every write into the library and
 every escape hatch, in the house's words, and leaves ordinary code alone, the solutions of
 every notebook included."""
 
@@ -32,46 +32,32 @@ GIVEN = ["import torch\nimport torch.distributed as dist\nimport dpmp_lab as dl\
     "c = dl.check\nd = c\nsetattr(d, 'compare', print)",      # an alias of an alias
     "def f(c=dl.check):\n    c.comm = print",                # a default argument
 ])
-def test_scan_finds_writes_into_the_grader(line):
+def test_scan_finds_writes_into_the_library(line):
     found = scan.scan(["def f0():\n    return 1\n" + line], context=GIVEN)
     assert any(f.endswith(f"({scan.WRITES})") for f in found), found
 
 
 @pytest.mark.parametrize("line, why", [
-    ('get_ipython().input_transformers_cleanup.append(lambda l: ["pass\\n"])', scan.SHELL),
-    ("shell.ast_transformers.append(object())", scan.SHELL),
-    ("print(In[-1])", scan.HISTORY),
     ("expected = sys._getframe(1).f_locals['want']", scan.FRAMES),
     ("frame = inspect.currentframe().f_back", scan.FRAMES),
     ("caller = inspect.stack()[1]", scan.FRAMES),
     ("sys.settrace(lambda *a: None)", scan.TRACING),
-    ("globals()['dl'] = None", scan.NAMESPACE),
     ("exec('x = 1')", scan.DYNAMIC),
     ("m = __import__('dpmp_lab')", scan.DYNAMIC),
     ("import importlib", scan.DYNAMIC),
-    ("import builtins\nbuiltins.abs = lambda x: 0", scan.NAMESPACE),
+    ("import builtins\nbuiltins.abs = lambda x: 0", scan.BUILTINS),
+    ("__builtins__['len'] = lambda x: 0", scan.BUILTINS),
     ("sys.modules['dpmp_lab.integrity']._snapshot.clear()", scan.MODULES),
     ("reference.__code__ = (lambda x: 0).__code__", scan.INTERNALS),
     ("objs = gc.get_referrers(dl)", scan.INTERNALS),
     ("import ctypes", scan.INTERNALS),
-    ("from IPython import get_ipython", scan.SHELL),
+    ("from dpmp_lab.harness import agent", scan.RECORDS),
     ("x = dl.integrity", scan.RECORDS),
     ("f = getattr(sys, '_getframe')", scan.FRAMES),
 ])
 def test_scan_finds_every_escape_hatch(line, why):
     found = scan.scan([line], context=GIVEN)
     assert any(why in f for f in found), found
-
-
-@pytest.mark.parametrize("line, name", [
-    ("dl = None", "dl"),
-    ("import numpy as dist", "dist"),
-    ("def reference(x):\n    return 0", "reference"),
-    ("for dl in range(2):\n    pass", "dl"),
-])
-def test_scan_finds_what_rebinds_the_notebooks_own_names(line, name):
-    found = scan.scan([line], context=GIVEN)
-    assert any(f"rebinds `{name}`" in f for f in found), found
 
 
 @pytest.mark.parametrize("line", [
@@ -87,6 +73,13 @@ def test_scan_finds_what_rebinds_the_notebooks_own_names(line, name):
     "import gc\ngc.collect()",
     "t = dl.trace()\nprint(t.events)",
     "this is not python",
+    # the learner's own kernel is theirs: its shell, history and namespace reach no test
+    'get_ipython().input_transformers_cleanup.append(lambda l: ["pass\\n"])',
+    "print(In[-1])",
+    "globals()['dl'] = None",
+    "dl = None",
+    "def reference(x):\n    return 0",
+    "from IPython import get_ipython",
 ])
 def test_scan_leaves_ordinary_code_alone(line):
     assert scan.scan([line], context=GIVEN) == []
@@ -133,13 +126,13 @@ def test_cells_the_learner_added_or_locked_themselves_are_theirs():
     nb = nbformat.v4.new_notebook()
     nb.cells = [cell(GIVEN[0], grade_id="imports", locked=True),
                 cell("x = 1", grade_id="answer", solution=True),
-                cell("get_ipython()", grade_id=""),                      # added, no id
+                cell("exec('1')", grade_id=""),                          # added, no id
                 cell("sys._getframe()", grade_id="forged", locked=True),  # locked by the learner
                 cell("assert x == 1", grade_id="answer_tests", grade=True, locked=True)]
     own = {"imports": GIVEN[0], "answer_tests": "assert x == 1"}   # as the gradebook has them
     mine, given, tests = split_cells(nb, own)
-    assert [c.source for c in mine] == ["x = 1", "get_ipython()", "sys._getframe()"]
+    assert [c.source for c in mine] == ["x = 1", "exec('1')", "sys._getframe()"]
     assert [c.source for c in tests] == ["assert x == 1"]
     found = scan.scan([c.source for c in mine], context=[c.source for c in given])
-    assert any("get_ipython" in f for f in found) and any("_getframe" in f for f in found)
-    assert [c.source for c in split_cells(nb)[0]] == ["x = 1", "get_ipython()"]  # no gradebook
+    assert any("exec" in f for f in found) and any("_getframe" in f for f in found)
+    assert [c.source for c in split_cells(nb)[0]] == ["x = 1", "exec('1')"]  # no gradebook

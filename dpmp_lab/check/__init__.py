@@ -11,7 +11,9 @@ not our internals.
 
     numbers        compare, close, same_on_all_ranks, against_reference; grads, params
     communication  comm, overlaps_backward: exact counts per op, group and phase, and bytes
-    references     references_off, with_references_off: the library's versions switched off
+    references     references_off, with_references_off: the library's versions switched off;
+                   stand_ins: the library's versions standing in for earlier answers
+    sides          on_learners_side: a test's part that must run beside the learner's code
     hints          the likely mistakes, as tables a grader can extend (COMM_HINTS, SCALE_HINTS)
     failed         CheckFailed
 """
@@ -28,9 +30,15 @@ from dpmp_lab.check.numbers import (
     params,
     same_on_all_ranks,
 )
-from dpmp_lab.check.references import ReferenceSwitchedOff, references_off, with_references_off
+from dpmp_lab.check.references import (
+    ReferenceSwitchedOff,
+    references_off,
+    stand_ins,
+    with_references_off,
+)
+from dpmp_lab.check.sides import on_learners_side
 from dpmp_lab.trace import OPS
 
 __all__ = ["FP32", "FP64", "OPS", "CheckFailed", "ReferenceSwitchedOff", "against_reference",
            "close", "comm", "compare", "grads", "overlaps_backward", "params", "references_off",
-           "same_on_all_ranks", "with_references_off"]
+           "on_learners_side", "same_on_all_ranks", "stand_ins", "with_references_off"]

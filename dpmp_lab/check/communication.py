@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from dpmp_lab import integrity
 from dpmp_lab._helpers import indent, ranks_text
 from dpmp_lab.check.failed import CheckFailed
 from dpmp_lab.check.hints import (
@@ -49,7 +48,6 @@ def comm(traces: Any, expected: Mapping | Callable[[int], Mapping], *,
     hints:    {key: message} to show when that key's count is wrong, before the built-in ones.
     n_params: trainable tensors of the model, so the hint can spot one all-reduce per tensor.
     """
-    integrity.verify()
     reports: dict[str, list[int]] = {}   # report -> the ranks it is true of
     for i, t in enumerate(traces_of(traces)):
         rank = t.rank if t.rank is not None else i
@@ -73,7 +71,6 @@ def overlaps_backward(traces: Any, op: str = "all_reduce", group: Any = None, *,
     The traces must come from `dl.trace(gradients_of=model)`, which records when each
     gradient is computed. A pass counts if it computed gradients and issued `op` calls.
     """
-    integrity.verify()
     failures: dict[str, list[int]] = {}   # message -> the ranks it is true of
     blocking: set[int] = set()
     for i, t in enumerate(traces_of(traces)):

@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 
-from dpmp_lab import integrity
 from dpmp_lab._helpers import ranks_text
 from dpmp_lab.check import communication
 from dpmp_lab.check.failed import CheckFailed
@@ -34,7 +33,6 @@ FP64 = {"rtol": 1e-10, "atol": 1e-10}   # TP and PP sum in another order than on
 def close(actual: Any, expected: Any, *, name: str = "value", rank: int | None = None,
           rtol: float = FP32["rtol"], atol: float = FP32["atol"]) -> None:
     """Assert `actual` equals `expected` within |a - e| <= atol + rtol * |e|, element-wise."""
-    integrity.verify()
     problem = _difference(actual, expected, rtol, atol)
     if problem:
         where = f"rank {rank}: {name!r}" if rank is not None else repr(name)
@@ -50,7 +48,6 @@ def compare(values: Sequence[Any], expected: Any, *, rtol: float | None = None,
               rank -> mapping (e.g. the rank's shard of a reference tensor).
     Every failing (rank, tensor) is listed; the first in detail, with the likely mistake.
     """
-    integrity.verify()
     rtol, atol = _tolerances(rtol, atol, dtype)
     failures = []
     for rank, got in enumerate(values):
@@ -73,7 +70,6 @@ def same_on_all_ranks(values: Sequence[Any], names: Iterable[str] | None = None,
 
     `hint`: the likely mistake to name when they differ (default: about weights and
     gradients of data-parallel replicas)."""
-    integrity.verify()
     maps = [_as_mapping(v) for v in values]
     for name in (list(names) if names is not None else list(maps[0])):
         first = torch.as_tensor(maps[0][name]).detach().cpu().double()
@@ -123,7 +119,6 @@ def against_reference(fn: Callable[..., Any], reference: Callable[..., Any], *ar
     communication every rank issued, as in check.comm() (with comm_hints and n_params).
     Returns the LaunchResult.
     """
-    integrity.verify()
     res = launch(_run_in_dtype, fn, dtype, *args, world_size=world_size,
                  trace=trace or comm is not None, timeout=timeout, **kwargs)
     with torch.random.fork_rng(), default_dtype(dtype):

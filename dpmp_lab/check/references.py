@@ -27,12 +27,15 @@ from typing import Any
 import dpmp_lab
 from dpmp_lab import integrity
 
-__all__ = ["ReferenceSwitchedOff", "TP_COLLECTIVES", "references_off", "with_references_off"]
+__all__ = ["ReferenceSwitchedOff", "TP_COLLECTIVES", "references_off", "stand_ins",
+           "standing_in", "switched_off", "with_references_off"]
 
 # dl.tp's plain collectives (tp.mappings, not re-exported): a shortcut around the f and g its
 # exercises build, so they go off with the rest of dl.tp
 TP_COLLECTIVES = ("tp_all_reduce", "tp_all_gather", "tp_reduce_scatter")
 _GRADER = "dpmp_lab.check"   # its modules keep their references, whatever is switched off
+_ACTIVE: list[tuple[str, ...]] = []   # the targets of the references_off blocks we are inside
+_STANDING: list[dict[str, Any]] = []  # the pieces of the stand_ins blocks we are inside
 
 
 class ReferenceSwitchedOff(RuntimeError):
@@ -60,7 +63,44 @@ def references_off(*targets: str) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         for holder, name, stand_in in swaps.values():
             stack.enter_context(integrity.swapped(holder, name, stand_in))
+        _ACTIVE.append(targets)
+        try:
+            yield
+        finally:
+            _ACTIVE.pop()
+
+
+def switched_off() -> tuple[str, ...]:
+    """The targets switched off here now: what a call into the learner's kernel switches off
+    there too, when the tests run in a harness of their own (dpmp_lab/harness)."""
+    return tuple(dict.fromkeys(t for targets in _ACTIVE for t in targets))
+
+
+@contextlib.contextmanager
+def stand_ins(namespace: dict[str, Any], **pieces: Any) -> Iterator[None]:
+    """While inside, the notebook's names `pieces` (the learner's answers to earlier exercises)
+    are the library's versions given, and afterwards what they were: a later exercise is graded
+    on its own, whatever the earlier answers. A launch sends the ranks what the names are when
+    it starts. `namespace` is the notebook's, `globals()`."""
+    missing = object()
+    saved = {name: namespace.get(name, missing) for name in pieces}
+    namespace.update(pieces)
+    _STANDING.append(pieces)
+    try:
         yield
+    finally:
+        _STANDING.pop()
+        for name, old in saved.items():
+            if old is missing:
+                namespace.pop(name, None)
+            else:
+                namespace[name] = old
+
+
+def standing_in() -> dict[str, Any]:
+    """The pieces standing in now: what a call into the learner's kernel binds there too, when
+    the tests run in a harness of their own (dpmp_lab/harness)."""
+    return {name: value for pieces in _STANDING for name, value in pieces.items()}
 
 
 def with_references_off(fn: Callable[..., Any], *targets: str) -> Callable[..., Any]:

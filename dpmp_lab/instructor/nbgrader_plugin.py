@@ -1,13 +1,14 @@
 """nbgrader's side of grades a class can trust: how a submission is executed, judged and fed
 back. nbgrader_config.py calls `configure(c)`; `dpmp-lab grade` adds one job's settings.
 
-- `GuardedExecute` replaces nbgrader's Execute step: the kernel runs in the sandbox
-  (sandbox_kernel.py); every graded test cell gets a receipt line (receipts.py); output is
-  counted as it arrives and a cell or a notebook over its limit ends the job; afterwards the
-  learner's cells are scanned (scan.py) and every receipt is checked. A finding (a write into
-  the grader, an escape hatch, a test cell that "passed" without its receipt or with a
-  tampered kernel) zeroes every graded cell with the reasons as its error, and is written to
-  the job's report, from which `dpmp-lab grade` flags the submission for manual grading.
+- `GuardedExecute` replaces nbgrader's Execute step: the learner's cells run in the learner's
+  kernel, in the sandbox (sandbox_kernel.py), and the graded test cells in a harness of their
+  own, which no code of the submission reaches (two_kernels.py, dpmp_lab/harness); output of
+  both is counted as it arrives and a cell or a notebook over its limit ends the job;
+  afterwards the learner's cells are scanned (scan.py). A finding (a write into the library's
+  code, an escape hatch) zeroes every graded cell with the reasons as its error, and is
+  written to the job's report, from which `dpmp-lab grade` flags the submission for manual
+  grading.
 - `HideHiddenTests` runs in generate_feedback: it removes the hidden tests from the cells
   (nbgrader's ClearHiddenTests) and masks every line of them wherever it appears in an
   output (a traceback of a failed hidden assert prints its line), so feedback never carries
@@ -17,25 +18,34 @@ back. nbgrader_config.py calls `configure(c)`; `dpmp-lab grade` adds one job's s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import nbformat
+from jupyter_client.manager import AsyncKernelManager
+from jupyter_core.utils import run_sync
+from nbclient import NotebookClient
+from nbclient.util import ensure_async
 from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
 from nbgrader.api import Gradebook, MissingEntry
 from nbgrader.converters import Autograde
 from nbgrader.preprocessors import ClearHiddenTests, Execute, GetGrades
 from traitlets import Bool, Integer, Unicode
 
-from dpmp_lab.instructor import receipts, scan
+from dpmp_lab.harness.plan import Kind, Plan, plan
+from dpmp_lab.instructor import sandbox, scan
 from dpmp_lab.instructor.grades_export import GradesExport
 from dpmp_lab.instructor.limits import Limits
 from dpmp_lab.instructor.sandbox_kernel import SandboxedKernelManager
 from dpmp_lab.instructor.server_paths import mask_paths, server_paths
+from dpmp_lab.instructor.two_kernels import SOCKET, HarnessClient, Relay, run_notebook
 
 FORGED = "TamperingDetected"
 HIDDEN_LINE = "[a line of the hidden tests]"
@@ -117,9 +127,11 @@ def _size(value: Any) -> int:
 
 
 class GuardedExecute(Execute):
-    """nbgrader's Execute, with the sandbox, receipts, output limits and the scan."""
+    """nbgrader's Execute in two kernels: the learner's cells in the learner's kernel (in the
+    sandbox), the graded test cells in the harness (two_kernels.py); output limits over both;
+    then the scan of the learner's cells."""
 
-    sandbox = Bool(True, help="Run the kernel in the sandbox (sandbox.py)").tag(config=True)
+    sandbox = Bool(True, help="Run both kernels in the sandbox (sandbox.py)").tag(config=True)
     cell_output_bytes = Integer(Limits().cell_output_kb * 1024,
                                 help="Output bytes one cell may send").tag(config=True)
     notebook_output_bytes = Integer(Limits().notebook_output_mb * 2**20,
@@ -131,49 +143,89 @@ class GuardedExecute(Execute):
         super().__init__(**kwargs)
         if self.sandbox:
             self.kernel_manager_class = SandboxedKernelManager
+        self.store_widget_state = False   # widget state and its buffers are never kept
         self._bytes: dict[int, int] = {}
         self.found: dict = {}
 
     def preprocess(self, nb: Any, resources: Any = None, km: Any = None) -> tuple[Any, Any]:
+        NotebookClient.__init__(self, nb, km)
+        self.reset_execution_trackers()
+        self._check_assign_resources(resources)
         mine, given, tests = split_cells(nb, own_cells(resources))
-        names = receipts.imported_names(c.source for c in given)
-        nonces = receipts.add(tests, names)
+        the_plan = plan_of(nb, mine, given, tests)
         self._bytes = {}
-        self.found = {"sandbox": self.sandbox, "limit": None, "forgery": [], "receipts": 0}
+        self.found = {"sandbox": self.sandbox, "limit": None, "forgery": [], "harness": True}
         failure: BaseException | None = None
         try:
-            nb, resources = super().preprocess(nb, resources, km)
+            run_sync(self._run)(the_plan)
         except BaseException as exc:   # a limit, a dead kernel: judged below, then raised
             failure = exc
         try:
-            self._judge(nb, mine, given, tests, nonces, ran=failure is None)
+            self._judge(nb, mine, given)
         finally:
             self._write_report()
         if failure is not None:
             raise failure
-        return nb, resources
+        return self.nb, self.resources
 
-    def _judge(self, nb: Any, mine: list, given: list, tests: list, nonces: dict[int, str],
-               ran: bool) -> None:
-        expected = receipts.expected_digests() if ran else {}
-        forged = []
-        for i, cell in enumerate(tests):
-            found = receipts.strip(cell)
-            passed = not any(_fails(o) for o in cell.outputs)
-            if ran and passed:
-                self.found["receipts"] += 1
-                for problem in receipts.problems(found, nonces[i], expected):
-                    forged.append(f"{_nbgrader(cell).get('grade_id', '?')}: {problem}")
-        for cell in mine + [c for c in given if c not in tests]:
-            receipts.strip(cell)   # a receipt published from a learner's cell means nothing
+    async def _run(self, the_plan: Plan) -> None:
+        self.km = self.create_kernel_manager()
+        made = Path(tempfile.mkdtemp(prefix="dph-"))   # short: unix socket paths are ~107 bytes
+        try:
+            harness = HarnessClient(self.nb, self._harness_manager(made), self._count,
+                                    **self._harness_settings())
+            async with self.async_setup_kernel():
+                reply = await self.async_wait_for_reply(await ensure_async(self.kc.kernel_info()))
+                if reply and "language_info" in reply["content"]:
+                    self.nb.metadata["language_info"] = reply["content"]["language_info"]
+                async with harness.async_setup_kernel(cwd=str(made)), \
+                        self._exchange(made) as (outside, inside):
+                    relay = Relay(self, outside, inside, str(made / SOCKET))
+                    async with relay.serving():
+                        await run_notebook(self, harness, relay, the_plan)
+        finally:
+            shutil.rmtree(made, ignore_errors=True)
+
+    def _harness_manager(self, made: Path) -> Any:
+        """The harness's kernel manager: a sandbox of its own (no file of the submission, no
+        folder of the learner's kernel), or a plain kernel when grading unsandboxed."""
+        if not self.sandbox:
+            return AsyncKernelManager(kernel_name=self.kernel_name or "python3")
+        learner = self.km
+        return SandboxedKernelManager(
+            kernel_name=self.kernel_name or "python3", socket_dir=str(made),
+            job_dir=str(Path(learner.job_dir) / "harness"), copy_cwd=False,
+            hidden=[*learner.hidden, learner.job_dir, learner.socket_dir])
+
+    def _harness_settings(self) -> dict:
+        return {"timeout": self.timeout, "interrupt_on_timeout": self.interrupt_on_timeout,
+                "error_on_timeout": self.error_on_timeout, "allow_errors": True,
+                "extra_arguments": list(self.extra_arguments), "store_widget_state": False,
+                "raise_on_iopub_timeout": self.raise_on_iopub_timeout}
+
+    @contextlib.asynccontextmanager
+    async def _exchange(self, made: Path) -> Any:
+        """(outside, inside): the learner's kernel's folder for the harness's requests."""
+        if self.sandbox:
+            yield self.km.exchange, sandbox.EXCHANGE
+        else:
+            folder = made / "exchange"
+            folder.mkdir()
+            yield folder, str(folder)
+
+    def _judge(self, nb: Any, mine: list, given: list) -> None:
         reasons = scan.scan([c.source for c in mine], context=[c.source for c in given])
-        reasons += forged
         if reasons:
             self.found["forgery"] = reasons
             mark_forged(nb, reasons)
 
     def process_message(self, msg: dict, cell: Any, cell_index: int) -> Any:
-        size = _size(msg.get("content"))
+        self._count(msg, cell, cell_index)
+        return super().process_message(msg, cell, cell_index)
+
+    def _count(self, msg: dict, cell: Any, cell_index: int) -> None:
+        """Count a message of either kernel against the output limits (comm buffers too)."""
+        size = _size(msg.get("content")) + sum(len(b) for b in msg.get("buffers") or ())
         self._bytes[cell_index] = self._bytes.get(cell_index, 0) + size
         total = sum(self._bytes.values())
         if self._bytes[cell_index] > self.cell_output_bytes:
@@ -182,7 +234,6 @@ class GuardedExecute(Execute):
         if total > self.notebook_output_bytes:
             self._over(f"the notebook printed more than its output limit of "
                        f"{self.notebook_output_bytes // 2**20} MiB")
-        return super().process_message(msg, cell, cell_index)
 
     def _over(self, why: str) -> None:
         self.found["limit"] = why
@@ -193,6 +244,13 @@ class GuardedExecute(Execute):
             path = Path(self.report_path)
             path.with_suffix(".tmp").write_text(json.dumps(self.found))
             path.with_suffix(".tmp").replace(path)
+
+
+def plan_of(nb: Any, mine: list, given: list, tests: list) -> Plan:
+    """Where each code cell of `nb` runs (dpmp_lab/harness/plan.py), from split_cells' parts."""
+    kinds = {**{id(c): Kind.LEARNER for c in mine}, **{id(c): Kind.OWN for c in given},
+             **{id(c): Kind.TEST for c in tests}}
+    return plan([(kinds[id(c)], c.source) if c.cell_type == "code" else None for c in nb.cells])
 
 
 class HideHiddenTests(ClearHiddenTests):

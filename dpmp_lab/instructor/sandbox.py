@@ -4,15 +4,24 @@ A learner's notebook is code the instructor did not write, executed by nbgrader 
 its own. Inside the sandbox that kernel, and every rank it launches, sees:
 
     /usr /bin /lib ...      the system, read-only (and from /etc only what programs need)
-    python, venv, dpmp_lab  this interpreter, its packages and the package, read-only
+    python, venv, dpmp_lab  this interpreter's prefixes and site-packages, and the package's
+                            own folder, read-only: never the checkout around it, never an entry
+                            of the grader's PYTHONPATH or sys.path
     /job/work               a private copy of the submission's folder: its working directory
     /job/home, /tmp         a private home and temp folder
+    /dev/shm                a folder of the job's (bounded and measured with its disk)
+    /job/exchange           the grader's requests from the harness and the answers
     the kernel folder       the connection file and ipc sockets, at the same path as outside
 
 and nothing else: not the course root (gradebook, solutions/, other learners, feedback), not
 the grader's scratch folders, not the instructor's home, no network but its own loopback,
-no process outside its own pid namespace (so nothing it starts survives it), no capability,
-no new user namespace. Limits (memory, processes, disk, time) are the job's, in limits.py.
+no process outside its own pid namespace (so nothing it starts survives it), no capability.
+It runs as an unprivileged host user, never mapped to root: graded as root, the sandbox
+(bwrap, which stays root to make the mounts) drops to SANDBOX_UID before the command starts,
+so neither its environment nor its memory (/proc/1/...) is the sandbox's to read or write;
+graded as another user, a user namespace maps the sandbox's user to that one. bwrap itself
+starts with an empty environment: only what `env` gives the command exists inside. Limits
+(memory, processes, disk, time) are the job's, in limits.py.
 
 Only the standard library here: `dpmp-lab doctor` asks `problem()` on machines without
 jupyter. The kernel manager that starts a kernel this way is in sandbox_kernel.py.
@@ -34,6 +43,10 @@ from dpmp_lab._helpers import PACKAGE_DIR
 
 WORK = "/job/work"     # the kernel's working directory inside
 HOME = "/job/home"
+EXCHANGE = "/job/exchange"   # the harness's requests and the kernel's answers
+SHM = "/dev/shm"
+# graded as root, the sandbox runs as this host user (nobody): no file of the machine is its
+SANDBOX_UID = SANDBOX_GID = 65534
 
 SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 # from /etc, what the dynamic linker, Python, torch, matplotlib and name lookups read; not
@@ -43,7 +56,7 @@ ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "passwd", "group", "nsswitch
        "fonts", "mime.types", "os-release", "alternatives", "matplotlibrc")
 # environment variables a kernel keeps (by prefix); everything else, the instructor's tokens
 # and keys included, stays outside
-KEEP_ENV = ("LANG", "LC_", "TZ", "TERM", "PYTHONPATH", "PYTHONHASHSEED", "PYTHONWARNINGS",
+KEEP_ENV = ("LANG", "LC_", "TZ", "TERM", "PYTHONHASHSEED", "PYTHONWARNINGS",
             "DPMP_LAB_", "NBGRADER_", "CUDA_", "NCCL_", "GLOO_", "TORCH_", "OMP_", "MKL_",
             "OPENBLAS_", "MPLBACKEND", "NVIDIA_", "PYDEVD_")
 
@@ -71,6 +84,7 @@ def _probe() -> str | None:
     rw = {scratch / "work": WORK, scratch / "home": HOME, scratch / "tmp": "/tmp"}
     for path in rw:
         path.mkdir(parents=True, exist_ok=True)
+    give_to_sandbox(*rw)
     try:
         done = subprocess.run(argv(["/bin/sh", "-c", "test -w /job/work && ! test -w /usr"],
                                    rw=rw, env={"PATH": "/usr/bin:/bin"}),
@@ -89,22 +103,37 @@ def _probe() -> str | None:
 
 def argv(command: Sequence[str], *, rw: dict[Path, str], env: dict[str, str],
          chdir: str = WORK, hidden: Iterable[Path] = ()) -> list[str]:
-    """The bwrap command line that runs `command` in the sandbox.
+    """The command line that runs `command` in the sandbox (`env -i bwrap ...`).
 
-    rw: writable folders, outside path -> path inside. env: the whole environment inside.
-    hidden: folders that must not be visible even where a read-only bind would contain them
-    (the course root, the grader's scratch): masked with an empty tmpfs.
+    rw: writable folders, outside path -> path inside (see `give_to_sandbox`). env: the whole
+    environment inside. hidden: folders that must not be visible even where a read-only bind
+    would contain them (the course root, the grader's scratch): masked with an empty tmpfs.
     """
-    args = [bwrap() or "bwrap", "--unshare-all", "--unshare-user", "--uid", "65534",
-            "--gid", "65534", "--cap-drop", "ALL", "--die-with-parent", "--new-session",
+    args = ["/usr/bin/env", "-i", bwrap() or "bwrap", "--die-with-parent", "--new-session",
             "--hostname", "sandbox", "--proc", "/proc", "--dev", "/dev"]
-    if "--disable-userns" in _bwrap_help():   # bubblewrap >= 0.8: no nested namespaces
-        args.insert(2, "--disable-userns")
+    if os.geteuid() == 0:
+        # no user namespace: the command becomes SANDBOX_UID (setpriv), unprivileged on the host
+        args[3:3] = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
+                     "--unshare-cgroup-try"]
+        command = [shutil.which("setpriv") or "setpriv", f"--reuid={SANDBOX_UID}",
+                   f"--regid={SANDBOX_GID}", "--clear-groups", "--inh-caps=-all",
+                   "--bounding-set=-all", "--no-new-privs", "--", *command]
+    else:
+        args[3:3] = ["--unshare-all", "--unshare-user", "--uid", str(SANDBOX_UID),
+                     "--gid", str(SANDBOX_GID), "--cap-drop", "ALL"]
+        if "--disable-userns" in _bwrap_help():   # bubblewrap >= 0.8: no nested namespaces
+            args.insert(4, "--disable-userns")
     for device in sorted(glob.glob("/dev/nvidia*")):   # a GPU server's devices, for nccl
         args += ["--dev-bind", device, device]
     hidden = [Path(h).resolve() for h in hidden]
     ro = [Path(p) for p in (*SYSTEM, *(os.path.join("/etc", n) for n in ETC), "/sys")
           if os.path.lexists(p)] + python_paths(hidden)
+    # the folders above every mount point, traversable by the sandbox's user (bwrap would make
+    # them root's own, 0700, when it runs as root)
+    above = {a for p in [*ro, *map(Path, rw.values())] for a in p.parents if a != Path("/")}
+    for folder in sorted(above - set(ro), key=lambda a: len(a.parts)):
+        if not any(folder.is_relative_to(p) for p in ro):
+            args += ["--perms", "0755", "--dir", str(folder)]
     for path in ro:
         if path.is_symlink() and str(path) in SYSTEM:   # /lib -> usr/lib on merged-/usr
             args += ["--symlink", os.readlink(path), str(path)]
@@ -127,6 +156,17 @@ def argv(command: Sequence[str], *, rw: dict[Path, str], env: dict[str, str],
     return [*args, "--", *command]
 
 
+def give_to_sandbox(*paths: Path) -> None:
+    """Make `paths` (and what they hold) the sandbox user's, so that it can write them when
+    grading runs as root (elsewhere the sandbox's user is the grader's own: nothing to do)."""
+    if os.geteuid() != 0:
+        return
+    for top in paths:
+        for folder, dirs, files in os.walk(top):
+            for name in [folder, *(os.path.join(folder, n) for n in (*dirs, *files))]:
+                os.lchown(name, SANDBOX_UID, SANDBOX_GID)
+
+
 @functools.lru_cache(maxsize=1)
 def _bwrap_help() -> str:
     try:
@@ -138,13 +178,14 @@ def _bwrap_help() -> str:
 
 def python_paths(hidden: Sequence[Path] = ()) -> list[Path]:
     """What this interpreter needs to run the kernel and the ranks, read-only: its prefixes,
-    its import path and the dpmp_lab package, minus anything that would reveal a hidden
-    folder (an editable install puts the whole checkout, the course root, on sys.path: only
-    its dpmp_lab folder is bound)."""
+    its site-packages and the dpmp_lab package's own folder, minus anything that would reveal
+    a hidden folder. Never sys.path or PYTHONPATH: an editable install, or a grader that puts
+    the checkout on PYTHONPATH, would bind the whole checkout (solutions/, tests/, .git); the
+    package is reached through its folder alone."""
     here = PACKAGE_DIR
     wanted = {Path(sys.base_prefix), Path(sys.prefix), Path(sys.exec_prefix),
               Path(sys.executable).resolve().parent.parent, here}
-    wanted |= {Path(p) for p in [*site.getsitepackages(), *sys.path] if p}
+    wanted |= {Path(p) for p in site.getsitepackages() if p}
     keep = []
     for path in wanted:
         try:
@@ -167,6 +208,8 @@ def kernel_env(env: dict[str, str], extra: dict[str, str] | None = None) -> dict
     bindir = os.path.dirname(sys.executable)
     kept.update({
         "PATH": f"{bindir}:/usr/local/bin:/usr/bin:/bin",
+        # the package's parent: inside, it holds the package's folder alone
+        "PYTHONPATH": str(PACKAGE_DIR.parent),
         "HOME": HOME, "TMPDIR": "/tmp", "USER": "nobody",
         "IPYTHONDIR": f"{HOME}/.ipython", "MPLCONFIGDIR": f"{HOME}/.config/matplotlib",
         "XDG_CACHE_HOME": f"{HOME}/.cache", "JUPYTER_RUNTIME_DIR": f"{HOME}/.jupyter-runtime",
@@ -177,4 +220,5 @@ def kernel_env(env: dict[str, str], extra: dict[str, str] | None = None) -> dict
     return kept
 
 
-__all__ = ["HOME", "WORK", "argv", "bwrap", "kernel_env", "problem", "python_paths"]
+__all__ = ["EXCHANGE", "HOME", "SANDBOX_GID", "SANDBOX_UID", "SHM", "WORK", "argv", "bwrap",
+           "give_to_sandbox", "kernel_env", "problem", "python_paths"]

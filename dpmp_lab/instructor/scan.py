@@ -1,22 +1,26 @@
 """The scan of a submission's own cells, read without running them: the lines that write into
-the grader's code, and the escape hatches a learner's cell has no reason to touch.
+the library's code, and the escape hatches a learner's cell has no reason to touch.
 
-nbgrader's autograde runs it (nbgrader_plugin.GuardedExecute): a finding sets every graded
-cell of the notebook to zero with the findings as its error and flags the submission for the
-instructor, so neither the grade nor the feedback is silent about it. What it finds:
+The tests that decide a grade run in a harness of their own (dpmp_lab/harness), so nothing in
+the learner's kernel can reach them. What the learner's code still runs beside is the library
+in the ranks the tests launch: its tracer, its collectives, the references a test switches off
+(dl.check.references_off). The scan looks for what would change those. nbgrader's autograde
+runs it (nbgrader_plugin.GuardedExecute): a finding sets every graded cell of the notebook to
+zero with the findings as its error and flags the submission for the instructor, so neither the
+grade nor the feedback is silent about it. What it finds:
 
-- writes into the grader: an assignment, `setattr`/`delattr`, a namespace write
+- writes into the library: an assignment, `setattr`/`delattr`, a namespace write
   (`vars(dl.check)[...] = ...`) or `integrity.swapped` aimed at a name imported from
   dpmp_lab, torch.distributed or nbgrader, or at an alias of one (`c = dl.check`);
-- rebinding what the notebook's own cells imported or defined (`dl = ...`, `def check(...)`);
-- the escape hatches: the kernel's shell and its input/AST transformers, the input history
-  (`In`, `_ih`), stack frames (`sys._getframe`, `f_back`, `inspect.stack`), trace functions,
-  `globals()`, `exec`/`eval`/`compile`/`__import__`, `builtins`, `sys.modules`, functions'
-  internals (`__code__`, `__globals__`), `gc.get_referrers`, importlib and ctypes, and the
-  grader's own integrity records; also any of those names spelled in a string.
+- the escape hatches: stack frames (`sys._getframe`, `f_back`, `inspect.stack`), trace
+  functions, `exec`/`eval`/`compile`/`__import__` (code no scan can read), the builtins every
+  module shares, `sys.modules`, functions' internals (`__code__`, `__globals__`, which reach a
+  reference past its switch), `gc.get_referrers`, importlib and ctypes, and the library's
+  integrity records; also any of those names spelled in a string.
 
 A scan reads code, it does not run it: a learner who builds these names at run time gets
-past it. The receipts (receipts.py) are the check that does not depend on reading the code.
+past it, and changes what their own ranks report (the README says so); the tests themselves
+stay out of reach.
 """
 
 from __future__ import annotations
@@ -29,29 +33,23 @@ from dataclasses import dataclass
 # names a scan treats as the grader's when a cell imports them
 SCANNED_PACKAGES = ("dpmp_lab", "torch.distributed", "nbgrader")
 
-WRITES = "writes into the grader's code"
-SHELL = "reaches into the kernel's shell, where the cells after it (the tests) can be rewritten"
-HISTORY = "reads the kernel's input history, which holds the hidden tests"
-FRAMES = "walks the call stack into the grader's variables"
-NAMESPACE = "reads or writes the namespace the hidden tests run in"
+WRITES = "writes into the library's code, which grades the ranks"
+FRAMES = "walks the call stack into the callers' variables"
+BUILTINS = "changes the builtins every module shares, the library's in the ranks too"
 DYNAMIC = "runs code that cannot be read before it runs"
 TRACING = "installs a trace function, which sees every line the tests run"
 INTERNALS = "reaches into the internals of functions or classes"
 MODULES = "reaches modules behind their names"
 RECORDS = "reaches the grader's integrity records"
 
-HATCH_NAMES = {"get_ipython": SHELL, "In": HISTORY, "Out": HISTORY, "_ih": HISTORY,
-               "_oh": HISTORY, "_dh": HISTORY, "globals": NAMESPACE, "locals": NAMESPACE,
-               "exec": DYNAMIC, "eval": DYNAMIC, "compile": DYNAMIC, "__import__": DYNAMIC,
-               "__builtins__": NAMESPACE, "breakpoint": TRACING}
-HATCH_ATTRS = {"input_transformers_cleanup": SHELL, "input_transformers_post": SHELL,
-               "input_transformer_manager": SHELL, "ast_transformers": SHELL,
-               "_getframe": FRAMES, "_current_frames": FRAMES, "f_back": FRAMES,
+HATCH_NAMES = {"exec": DYNAMIC, "eval": DYNAMIC, "compile": DYNAMIC, "__import__": DYNAMIC,
+               "__builtins__": BUILTINS, "breakpoint": TRACING}
+HATCH_ATTRS = {"_getframe": FRAMES, "_current_frames": FRAMES, "f_back": FRAMES,
                "f_locals": FRAMES, "f_globals": FRAMES, "f_builtins": FRAMES,
                "tb_frame": FRAMES, "gi_frame": FRAMES, "cr_frame": FRAMES, "ag_frame": FRAMES,
                "settrace": TRACING, "setprofile": TRACING, "__globals__": INTERNALS,
                "__code__": INTERNALS, "__closure__": INTERNALS, "__subclasses__": INTERNALS,
-               "__builtins__": NAMESPACE, "_snapshot": RECORDS}
+               "__builtins__": BUILTINS, "_snapshot": RECORDS}
 HATCH_PAIRS = {("sys", "modules"): MODULES, ("sys", "monitoring"): TRACING,
                ("inspect", "stack"): FRAMES, ("inspect", "trace"): FRAMES,
                ("inspect", "currentframe"): FRAMES, ("inspect", "getouterframes"): FRAMES,
@@ -59,20 +57,19 @@ HATCH_PAIRS = {("sys", "modules"): MODULES, ("sys", "monitoring"): TRACING,
                ("gc", "get_referrers"): INTERNALS, ("gc", "get_referents"): INTERNALS,
                ("gc", "get_objects"): INTERNALS, ("threading", "settrace"): TRACING,
                ("threading", "setprofile"): TRACING}
-HATCH_MODULES = {"builtins": NAMESPACE, "importlib": DYNAMIC, "ctypes": INTERNALS,
-                 "runpy": DYNAMIC, "atexit": DYNAMIC, "IPython": SHELL, "ipykernel": SHELL,
-                 "nbgrader": RECORDS, "dpmp_lab.integrity": RECORDS,
-                 "dpmp_lab.instructor.receipts": RECORDS, "dpmp_lab.instructor.scan": RECORDS}
-SAFE_MODULES = ("IPython.display",)   # display() and friends: what a notebook may show
-RECORD_ATTRS = ("integrity", "receipts", "scan")   # dl.integrity, dl.receipts
+HATCH_MODULES = {"builtins": BUILTINS, "importlib": DYNAMIC, "ctypes": INTERNALS,
+                 "runpy": DYNAMIC, "atexit": DYNAMIC, "nbgrader": RECORDS,
+                 "dpmp_lab.integrity": RECORDS, "dpmp_lab.instructor": RECORDS,
+                 "dpmp_lab.harness": RECORDS}
+RECORD_ATTRS = ("integrity",)   # dl.integrity
 
 
 def scan(sources: Iterable[str], context: Iterable[str] = ()) -> list[str]:
-    """What in `sources` (the learner's cells) writes into the grader or opens an escape
+    """What in `sources` (the learner's cells) writes into the library or opens an escape
     hatch, as "`line` (why)" strings, each once, in the order found.
 
-    `context`: the notebook's other cells, read for their imports and definitions
-    (`import dpmp_lab as dl` in a locked cell makes `dl` the grader's in every cell).
+    `context`: the notebook's other cells, read for their imports (`import dpmp_lab as dl` in
+    a locked cell makes `dl` the library's in every cell).
     """
     sources, context = list(sources), list(context)
     facts = [_facts(text) for text in [*context, *sources]]
@@ -84,7 +81,6 @@ def scan(sources: Iterable[str], context: Iterable[str] = ()) -> list[str]:
         if len(roots) == before:
             break
     modules = {name: module for f in facts for name, module in f.modules}
-    given = {name: target for f in facts[:len(context)] for name, target in f.bindings}
     found: list[str] = []
     for text in sources:
         tree = _facts(text).tree
@@ -103,10 +99,6 @@ def scan(sources: Iterable[str], context: Iterable[str] = ()) -> list[str]:
             why = _hatch(node, roots, modules)
             if why:
                 report(node, why)
-        for node, name in _module_level_bindings(tree):
-            if name in given and _same(given[name]) != _same(_import_target(node, name)):
-                what = "imported" if given[name] != "def" else "defined"
-                report(node, f"rebinds `{name}`, which the notebook {what}")
     return list(dict.fromkeys(found))
 
 
@@ -118,7 +110,6 @@ class _Facts:
     imported: frozenset[str]                  # names imported from the grader's packages
     aliases: tuple[tuple[str, str | None], ...]   # (name, the name its value starts from)
     modules: tuple[tuple[str, str], ...]      # (local name, module) of `import m as n`
-    bindings: tuple[tuple[str, str], ...]     # top-level imports (their target) and defs
 
 
 @functools.lru_cache(maxsize=4096)
@@ -126,7 +117,7 @@ def _facts(text: str) -> _Facts:
     try:
         tree = ast.parse(text)
     except SyntaxError:
-        return _Facts(None, frozenset(), (), (), ())
+        return _Facts(None, frozenset(), (), ())
     imported, modules = set(), []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -140,15 +131,9 @@ def _facts(text: str) -> _Facts:
             for alias in node.names:
                 if f"{node.module}.{alias.name}".startswith(SCANNED_PACKAGES):
                     imported.add(alias.asname or alias.name)
-    bindings = []
-    for node, name in _module_level_bindings(tree):
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            bindings.append((name, _import_target(node, name)))
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            bindings.append((name, "def"))
     return _Facts(tree, frozenset(imported),
                   tuple((target, _root(value)) for target, value in _aliases(tree)),
-                  tuple(modules), tuple(bindings))
+                  tuple(modules))
 
 
 def _aliases(tree: ast.Module) -> Iterable[tuple[str, ast.AST]]:
@@ -177,9 +162,6 @@ def _hatch(node: ast.AST, roots: set[str], modules: dict[str, str]) -> str | Non
     """Why `node` opens an escape hatch, or None."""
     if isinstance(node, ast.Name) and node.id in HATCH_NAMES:
         return HATCH_NAMES[node.id]
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
-            node.func.id == "vars" and not node.args:
-        return NAMESPACE
     if isinstance(node, ast.Attribute):
         if node.attr in HATCH_ATTRS:
             return HATCH_ATTRS[node.attr]
@@ -193,8 +175,6 @@ def _hatch(node: ast.AST, roots: set[str], modules: dict[str, str]) -> str | Non
         names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                  else [f"{node.module}.{a.name}" for a in node.names] + [node.module or ""])
         for name in names:
-            if name.startswith(SAFE_MODULES):
-                continue
             for module, why in HATCH_MODULES.items():
                 if name == module or name.startswith(module + "."):
                     return why
@@ -207,66 +187,6 @@ def _hatch(node: ast.AST, roots: set[str], modules: dict[str, str]) -> str | Non
         why = HATCH_NAMES.get(node.value) or HATCH_ATTRS[node.value]
         return f"names `{node.value}` in a string: {why}"
     return None
-
-
-def _module_level_bindings(tree: ast.Module) -> Iterable[tuple[ast.AST, str]]:
-    """(statement, name) for every name a cell binds at the top level (inside if/for/with/
-    try too, not inside functions or classes)."""
-    stack = list(tree.body)
-    while stack:
-        node = stack.pop(0)
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            for alias in node.names:
-                if alias.name != "*":
-                    yield node, alias.asname or alias.name.split(".")[0]
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            yield node, node.name
-        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete, ast.For,
-                               ast.AsyncFor)):
-            targets = (node.targets if isinstance(node, (ast.Assign, ast.Delete))
-                       else [node.target])
-            for t in targets:
-                for name in _bound_names(t):
-                    yield node, name
-        if isinstance(node, (ast.If, ast.For, ast.AsyncFor, ast.While, ast.With,
-                             ast.AsyncWith, ast.Try)):
-            for item in getattr(node, "items", []):
-                if isinstance(item.optional_vars, ast.Name):
-                    yield node, item.optional_vars.id
-            for field in ("body", "orelse", "finalbody"):
-                stack.extend(getattr(node, field, []))
-            for handler in getattr(node, "handlers", []):
-                stack.extend(handler.body)
-
-
-def _bound_names(target: ast.AST) -> Iterable[str]:
-    """The names an assignment target binds: `a`, `a, (b, *c)`; not `a.x` or `a[0]`."""
-    if isinstance(target, ast.Name):
-        yield target.id
-    elif isinstance(target, (ast.Tuple, ast.List)):
-        for elt in target.elts:
-            yield from _bound_names(elt)
-    elif isinstance(target, ast.Starred):
-        yield from _bound_names(target.value)
-
-
-def _import_target(node: ast.AST, name: str) -> str | None:
-    """What `name` is bound to by an import statement ("torch.distributed", "dpmp_lab:check"),
-    else None."""
-    if isinstance(node, ast.Import):
-        for alias in node.names:
-            if (alias.asname or alias.name.split(".")[0]) == name:
-                return alias.name if alias.asname else alias.name.split(".")[0]
-    if isinstance(node, ast.ImportFrom):
-        for alias in node.names:
-            if (alias.asname or alias.name) == name:
-                return f"{node.module}:{alias.name}"
-    return None
-
-
-def _same(target: str | None) -> str | None:
-    """`from torch import nn` and `import torch.nn as nn` bind the same module."""
-    return target.replace(":", ".") if target else target
 
 
 def _written(node: ast.AST) -> list[ast.AST]:

@@ -9,7 +9,6 @@ cloudpickle carries functions and classes defined in a notebook by value. Two ch
 
 from __future__ import annotations
 
-import importlib
 import io
 import marshal
 import types
@@ -23,14 +22,13 @@ def _identity(x: Any) -> Any:
     return x
 
 
-class _Pickler(cloudpickle.Pickler):
+class Pickler(cloudpickle.Pickler):
+    """cloudpickle's, with code objects whole and accelerator tensors moved to the CPU."""
+
     def reducer_override(self, obj):
         if isinstance(obj, types.CodeType):
             # marshal is how .pyc files store code: exact, file name and line numbers included.
             return marshal.loads, (marshal.dumps(obj),)
-        if isinstance(obj, types.ModuleType) and type(obj) is not types.ModuleType:
-            # a module of a ModuleType subclass (integrity's read-only modules): by name
-            return importlib.import_module, (obj.__name__,)
         if isinstance(obj, torch.Tensor) and obj.device.type not in ("cpu", "meta"):
             return _identity, (obj.detach().cpu(),)
         return super().reducer_override(obj)
@@ -38,7 +36,7 @@ class _Pickler(cloudpickle.Pickler):
 
 def dumps(obj: Any) -> bytes:
     buf = io.BytesIO()
-    _Pickler(buf).dump(obj)
+    Pickler(buf).dump(obj)
     return buf.getvalue()
 
 

@@ -1,0 +1,245 @@
+"""One graded notebook in two kernels, and the grader between them.
+
+    the learner's kernel (sandbox)    the learner's cells and the notebook's own cells they need
+    the harness (a sandbox of its     the graded test cells, with the hidden tests, and the
+    own, dpmp_lab/harness/remote.py)  notebook's own cells they need (dpmp_lab/harness/plan.py)
+
+The harness asks for the learner's names and calls the learner's functions through a unix socket
+to this process (`Relay`), which does each request as one line run in the learner's kernel
+(dpmp_lab/harness/agent.py) and answers with what that line wrote, read as bytes within a bound
+(a regular file, never followed through a link), and with the text the learner's code printed,
+which counts against the test cell's output limit like any output. The learner's kernel and the
+harness never reach each other: they share no folder and no socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import stat
+import struct
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import nbformat
+from jupyter_client.manager import AsyncKernelManager
+from nbclient import NotebookClient
+from nbclient.exceptions import DeadKernelError
+from nbformat import NotebookNode
+
+from dpmp_lab.harness.agent import ANSWER, REQUEST
+from dpmp_lab.harness.codec import MAX_BYTES
+from dpmp_lab.harness.plan import Plan, Where
+
+FRAME = struct.Struct(">Q")
+SOCKET = "relay"          # the relay's socket, in the harness's socket folder
+RELAYED_TEXT = 1 << 20    # characters of the learner's printing that one request passes on
+
+
+def read_bounded(path: Path, limit: int) -> bytes:
+    """A regular file's bytes, refusing a link, anything else than a file, or more than `limit`
+    bytes (OSError / ValueError saying which)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"{path.name} is not a regular file")
+        if info.st_size > limit:
+            raise ValueError(f"{path.name} holds {info.st_size} bytes, over {limit}")
+        chunks, size = [], 0
+        while chunk := os.read(fd, min(1 << 20, limit + 1 - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                raise ValueError(f"{path.name} grew past {limit} bytes")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+async def run_step(client: NotebookClient, source: str, index: int) -> NotebookNode:
+    """Run `source` in `client`'s kernel as if it were cell `index` (its outputs count there),
+    without touching the notebook's own cell; the step's cell, with its outputs."""
+    step = nbformat.v4.new_code_cell(source)
+    kept = client.nb.cells[index]
+    try:
+        await client.async_execute_cell(step, index, store_history=False)
+    finally:
+        client.nb.cells[index] = kept
+    return step
+
+
+def install_line(socket_path: str, names: frozenset[str]) -> str:
+    """What turns a fresh kernel into the harness (remote.install)."""
+    return (f"__import__('dpmp_lab.harness.remote', fromlist=['install']).install("
+            f"get_ipython(), {socket_path!r}, {sorted(names)!r})")
+
+
+class HarnessClient(NotebookClient):
+    """Runs cells in the harness's kernel. Its messages go through `process` first (the
+    grader's output limits); a reply with an error that printed none gets one, as nbgrader's
+    Execute does, so a timed-out test cell scores zero."""
+
+    def __init__(self, nb: NotebookNode, km: AsyncKernelManager,
+                 process: Callable[[dict, Any, int], None], **kw: Any) -> None:
+        super().__init__(nb, km=km, **kw)
+        self._process = process
+        self.on_cell_executed = self._error_if_missing
+
+    def process_message(self, msg: dict, cell: Any, cell_index: int) -> Any:
+        self._process(msg, cell, cell_index)
+        return super().process_message(msg, cell, cell_index)
+
+    @staticmethod
+    def _error_if_missing(cell: Any, execute_reply: dict, **_: Any) -> None:
+        content = execute_reply["content"]
+        if content["status"] == "error" and not any(
+                o.output_type == "error" and o.ename == content.get("ename")
+                for o in cell.outputs):
+            cell.outputs.append(nbformat.v4.new_output(
+                "error", ename=content.get("ename", "Error"), evalue=content.get("evalue", ""),
+                traceback=content.get("traceback") or [f"{content.get('ename')}: "
+                                                       f"{content.get('evalue', '')}"]))
+
+
+class Relay:
+    """Serves the harness's requests on a unix socket: each is written for the learner's kernel,
+    done there by one line (agent.serve), and answered with what that line wrote."""
+
+    def __init__(self, learner: NotebookClient, exchange: Path, exchange_inside: str,
+                 socket_path: str) -> None:
+        self.learner = learner
+        self.exchange, self.exchange_inside = exchange, exchange_inside
+        self.socket_path = socket_path
+        self.index = 0                        # the harness cell being run: outputs count there
+        self.requests = 0
+        self.failure: BaseException | None = None   # the learner's kernel died, a limit was hit
+
+    @contextlib.asynccontextmanager
+    async def serving(self) -> AsyncIterator[Relay]:
+        server = await asyncio.start_unix_server(self._serve, path=self.socket_path)
+        os.chmod(self.socket_path, 0o777)   # the harness's kernel runs as the sandbox's user
+        try:
+            yield self
+        finally:
+            server.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(server.wait_closed(), 5)
+            with contextlib.suppress(OSError):
+                os.unlink(self.socket_path)
+
+    def raise_failure(self) -> None:
+        """Raise, in the grader, what stopped the learner's kernel during the last harness cell."""
+        if self.failure is not None:
+            failure, self.failure = self.failure, None
+            raise failure
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                try:
+                    size = FRAME.unpack(await reader.readexactly(FRAME.size))[0]
+                except asyncio.IncompleteReadError:
+                    return
+                if size > MAX_BYTES:
+                    await self._answer(writer, {"ok": False, "error": "a request too large"})
+                    return
+                header, answer = await self._do(await reader.readexactly(size))
+                await self._answer(writer, header, answer)
+        finally:
+            writer.close()
+
+    @staticmethod
+    async def _answer(writer: asyncio.StreamWriter, header: dict, answer: bytes = b"") -> None:
+        data = json.dumps(header).encode()
+        writer.write(FRAME.pack(len(data)) + data + FRAME.pack(len(answer)) + answer)
+        await writer.drain()
+
+    async def _do(self, request: bytes) -> tuple[dict, bytes]:
+        if self.failure is not None:
+            return {"ok": False, "error": f"the learner's kernel is gone: {self.failure}"}, b""
+        self.requests += 1
+        n = self.requests
+        asked, answered = self.exchange / REQUEST.format(n), self.exchange / ANSWER.format(n)
+        asked.write_bytes(request)
+        os.chmod(asked, 0o644)
+        line = (f"__import__('dpmp_lab.harness.agent', fromlist=['serve']).serve("
+                f"{self.exchange_inside!r}, {n})")
+        try:
+            step = await run_step(self.learner, line, self.index)
+        except DeadKernelError as exc:
+            self.failure = exc
+            return {"ok": False, "error": "the learner's kernel died"}, b""
+        except Exception as exc:   # noqa: BLE001 - a limit hit: the grader raises it after
+            self.failure = exc
+            return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}, b""
+        finally:
+            with contextlib.suppress(OSError):
+                asked.unlink()
+        outputs, error = _relayed(step.outputs)
+        try:
+            answer = read_bounded(answered, MAX_BYTES) if not error else b""
+        except (OSError, ValueError) as exc:
+            error = f"the learner's kernel wrote no answer ({exc})"
+            answer = b""
+        finally:
+            with contextlib.suppress(OSError):
+                answered.unlink()
+        if error:
+            return {"ok": False, "error": error, "outputs": outputs}, b""
+        return {"ok": True, "outputs": outputs}, answer
+
+
+def _relayed(outputs: list) -> tuple[list[dict], str]:
+    """(what the learner's kernel printed, as text the harness prints again; the error that
+    stopped the request's line, or "")."""
+    relayed, size, error = [], 0, ""
+    for out in outputs:
+        if out.output_type == "stream":
+            text = out.get("text", "")
+            relayed.append({"kind": "stream", "name": out.get("name", "stdout"), "text": text})
+        elif out.output_type in ("display_data", "execute_result"):
+            text = out.get("data", {}).get("text/plain", "")
+            relayed.append({"kind": "display", "text": text if isinstance(text, str) else ""})
+        elif out.output_type == "error":
+            error = (f"the learner's kernel could not answer: {out.get('ename')}: "
+                     f"{out.get('evalue')}")
+            continue
+        size += len(relayed[-1]["text"])
+        if size > RELAYED_TEXT:
+            relayed[-1]["text"] = relayed[-1]["text"][:max(0, RELAYED_TEXT - size)] + "\n[...]"
+            break
+    return relayed, error
+
+
+async def run_notebook(learner: NotebookClient, harness: HarnessClient, relay: Relay,
+                       plan: Plan) -> None:
+    """Every code cell of the notebook where the plan says, in order; the harness installed
+    first. A failure of the learner's kernel during a harness cell is raised after that cell."""
+    step = await run_step(harness, install_line(relay.socket_path, plan.learner_names), 0)
+    errors = [o for o in step.outputs if o.output_type == "error"]
+    if errors:
+        raise RuntimeError("the harness could not start: " + "\n".join(errors[0].traceback))
+    for index, cell in enumerate(learner.nb.cells):
+        where = plan.where.get(index)
+        if cell.cell_type != "code" or where is None:
+            continue
+        if where in (Where.LEARNER, Where.BOTH):
+            await learner.async_execute_cell(cell, index,
+                                             execution_count=learner.code_cells_executed + 1)
+        if where is Where.HARNESS or where is Where.BOTH:
+            relay.index = index
+            if where is Where.HARNESS:
+                await harness.async_execute_cell(cell, index,
+                                                 execution_count=learner.code_cells_executed + 1)
+                learner.nb.cells[index] = cell
+            else:
+                await run_step(harness, cell.source, index)
+            relay.raise_failure()
+
+
+__all__ = ["SOCKET", "HarnessClient", "Relay", "install_line", "read_bounded",
+           "run_notebook", "run_step"]
