@@ -142,13 +142,19 @@ def _same_state(a: Any, b: Any, seen: dict) -> bool:
 
 
 class Checkpoints:
-    """The solution run's namespace and random states before each cell, by cell index."""
+    """The solution run's namespace and random states before each cell, by cell index.
+    `ignored`: names never saved, put back or compared (the harness asks the learner's kernel
+    for the learner's names before every cell)."""
 
-    def __init__(self) -> None:
+    def __init__(self, ignored: tuple[str, ...] | list[str] = ()) -> None:
         self.saved: dict[int, tuple[dict, torch.Tensor, object]] = {}
+        self.ignored = frozenset(ignored)
+
+    def _own(self, namespace: dict) -> dict:
+        return {k: v for k, v in namespace.items() if k not in self.ignored}
 
     def save(self, namespace: dict, at: int) -> None:
-        self.saved[at] = (copy_namespace(namespace), torch.random.get_rng_state(),
+        self.saved[at] = (copy_namespace(self._own(namespace)), torch.random.get_rng_state(),
                           random.getstate())
 
     def restore(self, namespace: dict, at: int, keep: tuple[str, ...] = ()) -> None:
@@ -156,7 +162,7 @@ class Checkpoints:
         variant's own values, which differ from the solution's)."""
         names, torch_rng, rng = self.saved[at]
         for key in [k for k in namespace if not skipped(k) and k not in names
-                    and k not in keep]:
+                    and k not in keep and k not in self.ignored]:
             del namespace[key]
         # a name that holds the saved value already keeps its object, and with it what the
         # kept names share with it (an optimizer and the model whose parameters it steps)
@@ -170,6 +176,6 @@ class Checkpoints:
         """The names whose values differ from the solution's saved at `at` (or that only one
         of the two holds)."""
         names = self.saved[at][0]
-        keys = {k for k in namespace if not skipped(k)} | set(names)
+        keys = {k for k in namespace if not skipped(k) and k not in self.ignored} | set(names)
         return sorted(k for k in keys
                       if k not in namespace or k not in names or not same(namespace[k], names[k]))

@@ -50,7 +50,7 @@ def test_there_are_assignments():
 # The device audit (every launch runs as if each rank had a GPU, so a tensor of the notebook's on
 # the wrong device under nccl fails) is on in nbgrader's grading of the solution and of the
 # device mistakes below: they are its students "solution" and "solution_device_<cell>", graded
-# together with DPMP_LAB_DEVICE_AUDIT=1 (the plain run on the CPU is the one-kernel grading's).
+# together with DPMP_LAB_DEVICE_AUDIT=1 (the plain run on the CPU is the one-job grading's).
 AUDITED = "solution*"
 
 
@@ -226,7 +226,7 @@ def test_course_folder_is_current(graded, name):
 
 # -- what a learner sees before hand-in -----------------------------------------------------------
 # Every variant that names "visible" cells must fail them in their visible part, the part a
-# learner runs before hand-in. The one-kernel grading below runs each test cell's visible part
+# learner runs before hand-in. The one-job grading below runs each test cell's visible part
 # and its hidden part as two steps, so it knows which part failed; a sample of variants is also
 # run exactly as the learner has it (hidden tests stripped, a fresh kernel) to show that the
 # hidden tests of earlier cells change nothing.
@@ -268,7 +268,7 @@ def _learner_view_failures(name: str, variant: dict, env: dict[str, str]) -> dic
 def test_classic_mistake_fails_the_visible_test_before_hand_in(graded, name, variant):
     """The mistake written in, each test cell's visible part run before its hidden part: the
     visible cells the variant names fail there, with the grader's hint."""
-    failed = one_kernel_result(graded, name)[variant["name"]].visible
+    failed = one_job_result(graded, name)[variant["name"]].visible
     for cell in variant["visible"]:
         assert cell in failed, (f"{name}, {variant['name']!r}: the visible test {cell} passes, "
                                 "so the learner learns of the mistake only after hand-in")
@@ -293,10 +293,12 @@ def test_the_learner_sees_the_same_failure_without_the_hidden_tests(graded, name
         assert any(words in text for text in failed.values()), words
 
 
-# -- grading: nbgrader's real round trip, and every variant in one kernel per notebook -----------
+# -- grading: nbgrader's real round trip, and every variant in one job per notebook --------------
 # A variant changes one or a few solution cells, and a notebook run is mostly spent before
-# them. So each notebook runs once in one kernel, as nbgrader's autograde would (GRADING on),
-# saving the kernel's namespace before each cell where a variant starts; then each variant
+# them. So each notebook runs once in one job, as nbgrader's autograde would (GRADING on): one
+# learner's kernel and one harness beside it (dpmp_lab/instructor/two_kernels.py), each cell
+# where GuardedExecute runs it (dpmp_lab/harness/plan.py), saving both kernels' namespaces
+# before each cell where a variant starts; then each variant
 # re-runs the notebook from its first changed cell, with its own sources, after the namespace
 # saved there is put back. nbgrader's real round trip (release, submit, autograde, feedback)
 # grades the solution, the blank release, every variant that writes into the grader (it would
@@ -360,7 +362,7 @@ def test_the_namespace_swaps_are_the_notebooks_own_and_put_back_what_they_replac
 
 
 def _cells_skipped(name: str, variant: dict) -> int:
-    """How many code cells after its first change the one-kernel grading of `variant` skips,
+    """How many code cells after its first change the one-job grading of `variant` skips,
     reading the notebook alone (comparing values in the kernel makes it skip more)."""
     sources = _code_sources(with_replacements(source_notebook(name), variant["replace"]))
     changed = changed_cells(name, variant)
@@ -372,7 +374,7 @@ def _cells_skipped(name: str, variant: dict) -> int:
 @functools.cache
 def by_nbgrader(name: str) -> list[int]:
     """Indices of the variants nbgrader grades for real: those that write into the grader,
-    and of the others the one whose one-kernel grading skips the most cells."""
+    and of the others the one whose one-job grading skips the most cells."""
     flagged = [i for i, v in enumerate(variants(name)) if writes_into_the_grader(name, v)]
     others = [i for i in range(len(variants(name))) if i not in flagged]
     sample = max(others, key=lambda i: (_cells_skipped(name, variants(name)[i]), -i),
@@ -381,7 +383,7 @@ def by_nbgrader(name: str) -> list[int]:
 
 
 @functools.cache
-def in_one_kernel(name: str) -> list[int]:
+def in_one_job(name: str) -> list[int]:
     return [i for i, v in enumerate(variants(name)) if not writes_into_the_grader(name, v)]
 
 
@@ -445,11 +447,13 @@ class _StepClient(NotebookClient):
             super()._update_display_id(display_id, msg)
 
 
-# Kernel side of the one-kernel grading (tests/checkpoints.py, sent as source: the kernel runs
-# in the sandbox), under one name the notebook's own names cannot meet.
-_CHECKPOINTS = (f"__dpmp_module = {{'__name__': 'checkpoints'}}\n"
-                f"exec({(Path(__file__).parent / 'checkpoints.py').read_text()!r}, __dpmp_module)\n"
-                "__dpmp_checkpoints = __dpmp_module['Checkpoints']()")
+# Kernel side of the one-job grading (tests/checkpoints.py, sent as source: the kernels run in
+# the sandbox), under one name the notebook's own names cannot meet. The harness ignores the
+# learner's names: it asks the learner's kernel for them again before every cell.
+def _checkpoints_source(ignored: frozenset[str] = frozenset()) -> str:
+    return (f"__dpmp_module = {{'__name__': 'checkpoints'}}\n"
+            f"exec({(Path(__file__).parent / 'checkpoints.py').read_text()!r}, __dpmp_module)\n"
+            f"__dpmp_checkpoints = __dpmp_module['Checkpoints']({sorted(ignored)!r})")
 
 
 def _sandboxed() -> dict:
@@ -462,35 +466,70 @@ def _sandboxed() -> dict:
     return {}
 
 
-async def _grade_in_one_kernel(name: str) -> dict[str, KernelGrade]:
-    """{variant name: KernelGrade}, "(solution)" included, all in one kernel."""
+async def _quietly(client: NotebookClient, source: str) -> str:
+    """`source` run silently in `client`'s kernel (no cell, no pre-run hook: the harness does
+    not ask the learner's kernel for anything); what it printed. Fails on an error."""
+    msg_id = client.kc.execute(source, silent=True, store_history=False)
+    printed, error = [], None
+    while True:
+        msg = await client.kc.get_iopub_msg(timeout=600)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        kind, content = msg["msg_type"], msg["content"]
+        if kind == "stream":
+            printed.append(content["text"])
+        elif kind == "error":
+            error = "\n".join(content["traceback"])
+        elif kind == "status" and content["execution_state"] == "idle":
+            break
+    assert error is None, error
+    return "".join(printed)
+
+
+async def _grade_in_one_job(name: str) -> dict[str, KernelGrade]:
+    """{variant name: KernelGrade}, "(solution)" included, all in one job: one learner's kernel
+    and one harness beside it, each cell where nbgrader's GuardedExecute runs it."""
     from nbclient.util import ensure_async
+
+    from dpmp_lab.harness.plan import Where
+    from dpmp_lab.instructor.nbgrader_plugin import plan_of, split_cells
+    from dpmp_lab.instructor.two_kernels import harness_beside
 
     nb = source_notebook(name)   # nbclient puts each step into the client's copy
     client = _StepClient(copy.deepcopy(nb), timeout=600, kernel_name="python3", allow_errors=True,
                          resources={"metadata": {"path": str(ROOT / "solutions" / name)}},
                          **_sandboxed())
-    todo = [variants(name)[i] for i in in_one_kernel(name)]
+    the_plan = plan_of(client.nb, *split_cells(client.nb))   # a variant changes learner's cells
+    todo = [variants(name)[i] for i in in_one_job(name)]
     first = {v["name"]: min(changed_cells(name, v)) for v in todo}
     earliest = min(first.values(), default=len(nb.cells))
     code = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
     after = {i: next((j for j in code if j > i), len(nb.cells)) for i in code}
+    harness: NotebookClient | None = None
 
     async def plumbing(source: str, index: int) -> str:
+        """`source` in both kernels; what the learner's kernel printed, and the harness's."""
         step = nbformat.v4.new_code_cell(source)
         await client.async_execute_cell(step, index)
         errors = [o for o in step.outputs if o.output_type == "error"]
         assert not errors, "\n".join(errors[0].traceback)
-        return "".join(o.get("text", "") for o in step.outputs if o.output_type == "stream")
+        return ("".join(o.get("text", "") for o in step.outputs if o.output_type == "stream")
+                + await _quietly(harness, source))
 
     async def execute(cell: nbformat.NotebookNode, index: int, grade: KernelGrade) -> None:
         meta = cell.metadata.get("nbgrader", {})
+        where = the_plan.where[index]
+        if where is not Where.HARNESS:
+            step = nbformat.v4.new_code_cell(cell.source)
+            await client.async_execute_cell(step, index)
+        if where is Where.LEARNER:
+            return
         parts = _split_at_hidden_tests(cell.source) if meta.get("grade") else (cell.source,)
         for n, part in enumerate(parts):
             if not part.strip():
                 continue
             step = nbformat.v4.new_code_cell(part)
-            await client.async_execute_cell(step, index)
+            await harness.async_execute_cell(step, index)
             errors = ["\n".join(o.get("traceback", [])) for o in step.outputs
                       if o.output_type == "error"]
             if errors and meta.get("grade"):
@@ -520,9 +559,10 @@ async def _grade_in_one_kernel(name: str) -> dict[str, KernelGrade]:
 
     async def skipping(cells: list, changed: set[int], ran: list[int]) -> KernelGrade:
         """From the first changed cell on, only the cells that are changed or read a name
-        whose value differs from the solution's there (tests/checkpoints.py); a skipped cell
-        is taken to do what it did in the solution's run, so the names it binds take the
-        solution's values again, and the cell after it sees the solution's random state."""
+        whose value differs from the solution's there (tests/checkpoints.py, in both kernels);
+        a skipped cell is taken to do what it did in the solution's run, so the names it binds
+        take the solution's values again, and the cell after it sees the solution's random
+        state."""
         reading = read_cells([c.source if c.cell_type == "code" else None for c in cells],
                              swaps=NAMESPACE_SWAPS.get(name, frozenset()))
         grade, dirty, behind = KernelGrade({}, {}), set(), False
@@ -541,9 +581,10 @@ async def _grade_in_one_kernel(name: str) -> dict[str, KernelGrade]:
                 behind = False
             ran.append(index)
             await execute(cells[index], index, grade)
-            dirty = set(json.loads(await plumbing(
+            printed = await plumbing(
                 f"print(__import__('json').dumps(__dpmp_checkpoints.differs(globals(), "
-                f"{after[index]})))", index)))
+                f"{after[index]})))", index)
+            dirty = set().union(*(json.loads(line) for line in printed.split()))
         return grade
 
     def as_expected(variant: dict, grade: KernelGrade) -> bool:
@@ -554,30 +595,35 @@ async def _grade_in_one_kernel(name: str) -> dict[str, KernelGrade]:
     client.reset_execution_trackers()
     async with client.async_setup_kernel():
         await client.async_wait_for_reply(await ensure_async(client.kc.kernel_info()))
-        await plumbing(_CHECKPOINTS, 0)
-        clock = time.monotonic()
-        results["(solution)"] = await solution()
-        results["(skipping)"]["(solution)"] = {"seconds": round(time.monotonic() - clock, 1)}
-        for variant in sorted(todo, key=lambda v: -first[v["name"]]):
-            clock, ran = time.monotonic(), []
-            cells = with_replacements(nb, variant["replace"]).cells
-            grade = first_grade = await skipping(cells, changed_cells(name, variant), ran)
-            # a skipping run that differs from what the variant should lose may have missed
-            # a dependency: the whole rest of the notebook decides
-            if not as_expected(variant, grade):
-                grade = await in_full(cells, first[variant["name"]])
-            results[variant["name"]] = grade
-            results["(skipping)"][variant["name"]] = {
-                "ran": ran, "fell back": grade is not first_grade,
-                "skipping lost": sorted(first_grade.failed) if grade is not first_grade else None,
-                "seconds": round(time.monotonic() - clock, 1)}
+        async with harness_beside(client, the_plan.learner_names, timeout=600,
+                                  allow_errors=True) as (harness, _):
+            step = nbformat.v4.new_code_cell(_checkpoints_source())
+            await client.async_execute_cell(step, 0)
+            await _quietly(harness, _checkpoints_source(the_plan.learner_names))
+            clock = time.monotonic()
+            results["(solution)"] = await solution()
+            results["(skipping)"]["(solution)"] = {"seconds": round(time.monotonic() - clock, 1)}
+            for variant in sorted(todo, key=lambda v: -first[v["name"]]):
+                clock, ran = time.monotonic(), []
+                cells = with_replacements(nb, variant["replace"]).cells
+                grade = first_grade = await skipping(cells, changed_cells(name, variant), ran)
+                # a skipping run that differs from what the variant should lose may have
+                # missed a dependency: the whole rest of the notebook decides
+                if not as_expected(variant, grade):
+                    grade = await in_full(cells, first[variant["name"]])
+                results[variant["name"]] = grade
+                results["(skipping)"][variant["name"]] = {
+                    "ran": ran, "fell back": grade is not first_grade,
+                    "skipping lost": (sorted(first_grade.failed) if grade is not first_grade
+                                      else None),
+                    "seconds": round(time.monotonic() - clock, 1)}
     return results
 
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory) -> dict:
     """nbgrader's scores per (assignment, student, graded cell) after a real round trip, the
-    one-kernel grades of every variant and the learner-view sample, GRADE_JOBS jobs at once
+    one-job grades of every variant and the learner-view sample, GRADE_JOBS jobs at once
     (grading waits on kernels and rank processes starting far more than it computes); and what
     the cells nbgrader graded under the device audit raised."""
     base = tmp_path_factory.mktemp("courses")
@@ -598,21 +644,21 @@ def graded(tmp_path_factory) -> dict:
             if kind == "nbgrader":
                 return _round_trip(base / rest[0], name)
             if kind == "kernel":
-                return asyncio.run(_grade_in_one_kernel(name))
+                return asyncio.run(_grade_in_one_job(name))
             return _learner_view_failures(name, rest[0], plain_env)
         except Exception as exc:   # reported by that assignment's tests, not by all of them
             return exc
 
     for name in ASSIGNMENTS:   # parse the variants here: ast.parse in several threads at once
         by_nbgrader(name)      # can fail on CPython 3.11 ("AST constructor recursion depth
-        in_one_kernel(name)    # mismatch"), and these are cached for the jobs
+        in_one_job(name)    # mismatch"), and these are cached for the jobs
     jobs = ([("kernel", n) for n in sorted(ASSIGNMENTS, key=lambda n: -len(variants(n)))]
             + [("nbgrader", n, n) for n in ASSIGNMENTS]
             + [("learner", n, v) for n, v in learner_view_sample()])
-    # a learner's kernel and the audit's: no GRADING, whatever the one-kernel runs set
+    # a learner's kernel and the audit's: no GRADING, whatever the one-job runs set
     plain_env = {k: v for k, v in os.environ.items() if k != "NBGRADER_EXECUTION"}
     before = os.environ.get("NBGRADER_EXECUTION")
-    os.environ["NBGRADER_EXECUTION"] = "autograde"   # the one-kernel runs: GRADING is True
+    os.environ["NBGRADER_EXECUTION"] = "autograde"   # the one-job runs: GRADING is True
     try:
         with ThreadPoolExecutor(max_workers=GRADE_JOBS) as pool:
             done = list(pool.map(job, jobs))
@@ -649,7 +695,7 @@ def graded(tmp_path_factory) -> dict:
             out["audit"][name] = {key: _errors_in(root / "autograded" / student / name
                                                   / f"{name}.ipynb")
                                   for key, student in students.items()}
-    # how much the one-kernel runs skipped, for whoever looks at where the time goes
+    # how much the one-job runs skipped, for whoever looks at where the time goes
     (base / "skipping.json").write_text(json.dumps(
         {n: r["(skipping)"] for n, r in out["kernel"].items() if isinstance(r, dict)}, indent=1))
     (base / "jobs.json").write_text(json.dumps(sorted(seconds, key=lambda s: s[2]), indent=1))
@@ -664,11 +710,11 @@ def scores_of(graded: dict, name: str, student: str) -> dict:
     return result[(name, student)]
 
 
-def one_kernel_result(graded: dict, name: str) -> dict[str, KernelGrade]:
-    """What the one-kernel grading found for `name`, or the test's failure with its error."""
+def one_job_result(graded: dict, name: str) -> dict[str, KernelGrade]:
+    """What the one-job grading found for `name`, or the test's failure with its error."""
     result = graded["kernel"][name]
     if isinstance(result, Exception):
-        pytest.fail(f"grading {name} in one kernel failed: {result}")
+        pytest.fail(f"grading {name} in one job failed: {result}")
     return result
 
 
@@ -676,7 +722,7 @@ def one_kernel_result(graded: dict, name: str) -> dict[str, KernelGrade]:
 def test_solutions_get_full_marks(graded, name):
     cells = scores_of(graded, name, "solution")
     assert cells and all(score == top for score, top in cells.values()), cells
-    assert one_kernel_result(graded, name)["(solution)"].failed == {}
+    assert one_job_result(graded, name)["(solution)"].failed == {}
 
 
 @pytest.mark.parametrize("name", ASSIGNMENTS)
@@ -687,15 +733,15 @@ def test_unmodified_release_gets_zero_on_every_graded_cell(graded, name):
 
 @pytest.mark.parametrize("name", ASSIGNMENTS)
 def test_each_wrong_answer_loses_exactly_its_cells(graded, name):
-    kernel = one_kernel_result(graded, name)
+    kernel = one_job_result(graded, name)
     for i, variant in enumerate(variants(name)):
         seen = []
         if i in by_nbgrader(name):
             cells = scores_of(graded, name, f"variant{i:02d}")
             seen.append(("nbgrader", {cell for cell, (score, top) in cells.items()
                                       if score < top}))
-        if i in in_one_kernel(name):
-            seen.append(("one-kernel grading", set(kernel[variant["name"]].failed)))
+        if i in in_one_job(name):
+            seen.append(("one-job grading", set(kernel[variant["name"]].failed)))
         for how, lost in seen:
             assert lost == set(variant["loses"]), (
                 f"{name}, variant {variant['name']!r} ({how}): lost {sorted(lost)}, expected "
@@ -705,8 +751,8 @@ def test_each_wrong_answer_loses_exactly_its_cells(graded, name):
 def test_every_variant_is_graded_and_nbgrader_grades_a_sample_of_each_kind():
     for name in ASSIGNMENTS:
         everything = set(range(len(variants(name))))
-        assert set(by_nbgrader(name)) | set(in_one_kernel(name)) == everything
-        assert not variants(name) or (set(by_nbgrader(name)) & set(in_one_kernel(name)))
+        assert set(by_nbgrader(name)) | set(in_one_job(name)) == everything
+        assert not variants(name) or (set(by_nbgrader(name)) & set(in_one_job(name)))
 
 
 @pytest.mark.parametrize("name", ASSIGNMENTS)

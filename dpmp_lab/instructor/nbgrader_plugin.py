@@ -18,18 +18,14 @@ back. nbgrader_config.py calls `configure(c)`; `dpmp-lab grade` adds one job's s
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
-import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import nbformat
-from jupyter_client.manager import AsyncKernelManager
 from jupyter_core.utils import run_sync
 from nbclient import NotebookClient
 from nbclient.util import ensure_async
@@ -40,12 +36,12 @@ from nbgrader.preprocessors import ClearHiddenTests, Execute, GetGrades
 from traitlets import Bool, Integer, Unicode
 
 from dpmp_lab.harness.plan import Kind, Plan, plan
-from dpmp_lab.instructor import sandbox, scan
+from dpmp_lab.instructor import scan
 from dpmp_lab.instructor.grades_export import GradesExport
 from dpmp_lab.instructor.limits import Limits
 from dpmp_lab.instructor.sandbox_kernel import SandboxedKernelManager
 from dpmp_lab.instructor.server_paths import mask_paths, server_paths
-from dpmp_lab.instructor.two_kernels import SOCKET, HarnessClient, Relay, run_notebook
+from dpmp_lab.instructor.two_kernels import harness_beside, run_notebook, update_display
 
 FORGED = "TamperingDetected"
 HIDDEN_LINE = "[a line of the hidden tests]"
@@ -169,49 +165,19 @@ class GuardedExecute(Execute):
         return self.nb, self.resources
 
     async def _run(self, the_plan: Plan) -> None:
-        self.km = self.create_kernel_manager()
-        made = Path(tempfile.mkdtemp(prefix="dph-"))   # short: unix socket paths are ~107 bytes
-        try:
-            harness = HarnessClient(self.nb, self._harness_manager(made), self._count,
-                                    **self._harness_settings())
-            async with self.async_setup_kernel():
-                reply = await self.async_wait_for_reply(await ensure_async(self.kc.kernel_info()))
-                if reply and "language_info" in reply["content"]:
-                    self.nb.metadata["language_info"] = reply["content"]["language_info"]
-                async with harness.async_setup_kernel(cwd=str(made)), \
-                        self._exchange(made) as (outside, inside):
-                    relay = Relay(self, outside, inside, str(made / SOCKET))
-                    async with relay.serving():
-                        await run_notebook(self, harness, relay, the_plan)
-        finally:
-            shutil.rmtree(made, ignore_errors=True)
-
-    def _harness_manager(self, made: Path) -> Any:
-        """The harness's kernel manager: a sandbox of its own (no file of the submission, no
-        folder of the learner's kernel), or a plain kernel when grading unsandboxed."""
-        if not self.sandbox:
-            return AsyncKernelManager(kernel_name=self.kernel_name or "python3")
-        learner = self.km
-        return SandboxedKernelManager(
-            kernel_name=self.kernel_name or "python3", socket_dir=str(made),
-            job_dir=str(Path(learner.job_dir) / "harness"), copy_cwd=False,
-            hidden=[*learner.hidden, learner.job_dir, learner.socket_dir])
-
-    def _harness_settings(self) -> dict:
-        return {"timeout": self.timeout, "interrupt_on_timeout": self.interrupt_on_timeout,
-                "error_on_timeout": self.error_on_timeout, "allow_errors": True,
-                "extra_arguments": list(self.extra_arguments), "store_widget_state": False,
-                "raise_on_iopub_timeout": self.raise_on_iopub_timeout}
-
-    @contextlib.asynccontextmanager
-    async def _exchange(self, made: Path) -> Any:
-        """(outside, inside): the learner's kernel's folder for the harness's requests."""
-        if self.sandbox:
-            yield self.km.exchange, sandbox.EXCHANGE
-        else:
-            folder = made / "exchange"
-            folder.mkdir()
-            yield folder, str(folder)
+        async with self.async_setup_kernel():
+            reply = await self.async_wait_for_reply(await ensure_async(self.kc.kernel_info()))
+            if reply and "language_info" in reply["content"]:
+                self.nb.metadata["language_info"] = reply["content"]["language_info"]
+            settings = {"timeout": self.timeout, "allow_errors": True,
+                        "interrupt_on_timeout": self.interrupt_on_timeout,
+                        "error_on_timeout": self.error_on_timeout,
+                        "extra_arguments": list(self.extra_arguments),
+                        "store_widget_state": False,
+                        "raise_on_iopub_timeout": self.raise_on_iopub_timeout}
+            async with harness_beside(self, the_plan.learner_names, self._count,
+                                      **settings) as (harness, relay):
+                await run_notebook(self, harness, relay, the_plan)
 
     def _judge(self, nb: Any, mine: list, given: list) -> None:
         reasons = scan.scan([c.source for c in mine], context=[c.source for c in given])
@@ -222,6 +188,9 @@ class GuardedExecute(Execute):
     def process_message(self, msg: dict, cell: Any, cell_index: int) -> Any:
         self._count(msg, cell, cell_index)
         return super().process_message(msg, cell, cell_index)
+
+    def _update_display_id(self, display_id: str, msg: dict) -> None:
+        update_display(super()._update_display_id, display_id, msg)
 
     def _count(self, msg: dict, cell: Any, cell_index: int) -> None:
         """Count a message of either kernel against the output limits (comm buffers too)."""

@@ -18,8 +18,10 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import stat
 import struct
+import tempfile
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,8 @@ from nbformat import NotebookNode
 from dpmp_lab.harness.agent import ANSWER, REQUEST
 from dpmp_lab.harness.codec import MAX_BYTES
 from dpmp_lab.harness.plan import Plan, Where
+from dpmp_lab.instructor import sandbox
+from dpmp_lab.instructor.sandbox_kernel import SandboxedKernelManager
 
 FRAME = struct.Struct(">Q")
 SOCKET = "relay"          # the relay's socket, in the harness's socket folder
@@ -72,6 +76,14 @@ async def run_step(client: NotebookClient, source: str, index: int) -> NotebookN
     return step
 
 
+def update_display(update: Callable[[str, dict], None], display_id: str, msg: dict) -> None:
+    """nbclient's update of a display by its id, where a display shown by a step (a cell run
+    at another cell's place: the harness's request, a cell both kernels run) has no output of
+    the notebook to update."""
+    with contextlib.suppress(IndexError, KeyError):
+        update(display_id, msg)
+
+
 def install_line(socket_path: str, names: frozenset[str]) -> str:
     """What turns a fresh kernel into the harness (remote.install)."""
     return (f"__import__('dpmp_lab.harness.remote', fromlist=['install']).install("
@@ -92,6 +104,9 @@ class HarnessClient(NotebookClient):
     def process_message(self, msg: dict, cell: Any, cell_index: int) -> Any:
         self._process(msg, cell, cell_index)
         return super().process_message(msg, cell, cell_index)
+
+    def _update_display_id(self, display_id: str, msg: dict) -> None:
+        update_display(super()._update_display_id, display_id, msg)
 
     @staticmethod
     def _error_if_missing(cell: Any, execute_reply: dict, **_: Any) -> None:
@@ -215,14 +230,51 @@ def _relayed(outputs: list) -> tuple[list[dict], str]:
     return relayed, error
 
 
+def harness_manager(learner: AsyncKernelManager, folder: Path, kernel_name: str) -> Any:
+    """The harness's kernel manager: a sandbox of its own beside a sandboxed learner's kernel
+    (no file of the submission, no folder of the learner's kernel), else a plain kernel."""
+    if not isinstance(learner, SandboxedKernelManager):
+        return AsyncKernelManager(kernel_name=kernel_name)
+    return SandboxedKernelManager(
+        kernel_name=kernel_name, socket_dir=str(folder),
+        job_dir=str(Path(learner.job_dir) / "harness"), copy_cwd=False,
+        hidden=[*learner.hidden, learner.job_dir, learner.socket_dir])
+
+
+@contextlib.asynccontextmanager
+async def harness_beside(learner: NotebookClient, names: frozenset[str],
+                         process: Callable[[dict, Any, int], None] = lambda *_: None,
+                         **settings: Any) -> AsyncIterator[tuple[HarnessClient, Relay]]:
+    """The harness started beside the learner's kernel (started already), the relay between
+    them, and the harness installed, asking for the learner's `names`. `process` sees every
+    message of the harness first (output limits); `settings` are the harness client's."""
+    folder = Path(tempfile.mkdtemp(prefix="dph-"))   # short: socket paths are ~107 bytes
+    try:
+        manager = harness_manager(learner.km, folder, learner.kernel_name or "python3")
+        harness = HarnessClient(learner.nb, manager, process, **settings)
+        if isinstance(learner.km, SandboxedKernelManager):
+            outside, inside = learner.km.exchange, sandbox.EXCHANGE
+        else:
+            outside = folder / "exchange"
+            outside.mkdir()
+            inside = str(outside)
+        async with harness.async_setup_kernel(cwd=str(folder)):
+            relay = Relay(learner, outside, inside, str(folder / SOCKET))
+            async with relay.serving():
+                step = await run_step(harness, install_line(relay.socket_path, names), 0)
+                errors = [o for o in step.outputs if o.output_type == "error"]
+                if errors:
+                    raise RuntimeError("the harness could not start: "
+                                       + "\n".join(errors[0].traceback))
+                yield harness, relay
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 async def run_notebook(learner: NotebookClient, harness: HarnessClient, relay: Relay,
                        plan: Plan) -> None:
-    """Every code cell of the notebook where the plan says, in order; the harness installed
-    first. A failure of the learner's kernel during a harness cell is raised after that cell."""
-    step = await run_step(harness, install_line(relay.socket_path, plan.learner_names), 0)
-    errors = [o for o in step.outputs if o.output_type == "error"]
-    if errors:
-        raise RuntimeError("the harness could not start: " + "\n".join(errors[0].traceback))
+    """Every code cell of the notebook where the plan says, in order. A failure of the
+    learner's kernel during a harness cell is raised after that cell."""
     for index, cell in enumerate(learner.nb.cells):
         where = plan.where.get(index)
         if cell.cell_type != "code" or where is None:
@@ -241,5 +293,5 @@ async def run_notebook(learner: NotebookClient, harness: HarnessClient, relay: R
             relay.raise_failure()
 
 
-__all__ = ["SOCKET", "HarnessClient", "Relay", "install_line", "read_bounded",
-           "run_notebook", "run_step"]
+__all__ = ["SOCKET", "HarnessClient", "Relay", "harness_beside", "harness_manager", "install_line",
+           "read_bounded", "run_notebook", "run_step", "update_display"]
