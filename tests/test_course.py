@@ -584,7 +584,7 @@ async def _grade_in_one_job(name: str) -> dict[str, KernelGrade]:
             printed = await plumbing(
                 f"print(__import__('json').dumps(__dpmp_checkpoints.differs(globals(), "
                 f"{after[index]})))", index)
-            dirty = set().union(*(json.loads(line) for line in printed.split()))
+            dirty = set().union(*(json.loads(line) for line in printed.splitlines()))
         return grade
 
     def as_expected(variant: dict, grade: KernelGrade) -> bool:

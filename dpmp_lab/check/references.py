@@ -12,7 +12,9 @@ of it is read. It is off wherever the library binds it: on the module learners r
 the module that defines it, and in every dpmp_lab module that imported it (the submodules of a
 split package, hybrid's DataParallel), so library code calling it by its global name meets the
 switch too. The grader's own modules, dl.check, keep their references. Every swap goes through
-integrity.swapped, the one change the tamper guard accepts.
+integrity.swapped, the one change the tamper guard accepts. A switched-off function is off in
+itself too (its code is a refusal while inside), unless dl.check holds it: a learner's default
+argument, alias or table that holds the function object meets the switch as a call by name does.
 """
 
 from __future__ import annotations
@@ -53,16 +55,21 @@ def references_off(*targets: str) -> Iterator[None]:
     `with_references_off`), and say so in the exercise.
     """
     stand_ins: dict[int, _SwitchedOff] = {}   # id(reference) -> its one stand-in
+    references: dict[int, tuple[types.FunctionType, str]] = {}   # the functions themselves
     swaps: dict[tuple[int, str], tuple[Any, str, _SwitchedOff]] = {}
     for target in targets:
         for label, owner, name in _resolve(target):
             reference = vars(owner)[name]
+            if type(reference) is types.FunctionType and not _graders(reference):
+                references.setdefault(id(reference), (reference, label))
             stand_in = stand_ins.setdefault(id(reference), _SwitchedOff(label))
             for holder, as_name in _bindings(owner, name, reference):
                 swaps.setdefault((id(holder), as_name), (holder, as_name, stand_in))
     with contextlib.ExitStack() as stack:
         for holder, name, stand_in in swaps.values():
             stack.enter_context(integrity.swapped(holder, name, stand_in))
+        for held in references.values():
+            stack.enter_context(_code_off(held))
         _ACTIVE.append(targets)
         try:
             yield
@@ -112,6 +119,42 @@ def with_references_off(fn: Callable[..., Any], *targets: str) -> Callable[..., 
     return graded
 
 
+def _graders(reference: Any) -> bool:
+    """Whether one of dl.check's modules holds `reference`: those keep it working."""
+    return any(v is reference for key, m in list(sys.modules.items()) if m is not None
+               and (key == _GRADER or key.startswith(_GRADER + ".")) for v in vars(m).values())
+
+
+def _refusal(label: str) -> str:
+    return (f"{label} is switched off here: this exercise is graded on your own code, so write "
+            "it yourself (the library's version is there to compare with afterwards)")
+
+
+@contextlib.contextmanager
+def _code_off(held: tuple[types.FunctionType, str]) -> Iterator[None]:
+    """While inside, calling the function object itself raises: its code is a refusal with the
+    same free variables (a function's code can only be swapped for code that has them)."""
+    fn, label = held
+    free = fn.__code__.co_freevars
+    lines = ["def outer():", *(f"    {v} = None" for v in free), "    def off(*args, **kwargs):"]
+    if free:
+        lines.append(f"        ({', '.join(free)},)")
+    lines += [f"        raise __import__({__name__!r}, fromlist=['_']).ReferenceSwitchedOff("
+              f"{_refusal(label)!r})", "    return off"]
+    made: dict[str, Any] = {}
+    exec(compile("\n".join(lines), f"<{label}: switched off>", "exec"), made)   # noqa: S102
+    code = made["outer"]().__code__
+    if code.co_freevars != free:
+        yield   # not this one: the switches on its names still hold
+        return
+    original = fn.__code__
+    fn.__code__ = code
+    try:
+        yield
+    finally:
+        fn.__code__ = original
+
+
 class _SwitchedOff:
     """Stands in for a switched-off function or class: calling it, or reaching any attribute
     of it (`ColumnParallelLinear.from_dense`), raises ReferenceSwitchedOff."""
@@ -120,9 +163,7 @@ class _SwitchedOff:
         object.__setattr__(self, "_label", label)
 
     def _refuse(self) -> ReferenceSwitchedOff:
-        return ReferenceSwitchedOff(
-            f"{self._label} is switched off here: this exercise is graded on your own code, so "
-            "write it yourself (the library's version is there to compare with afterwards)")
+        return ReferenceSwitchedOff(_refusal(self._label))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise self._refuse()

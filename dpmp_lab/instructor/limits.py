@@ -12,6 +12,7 @@ and set its rlimits before it becomes nbgrader, so that everything below inherit
   while it runs (`disk_used`); the grader stops a job past its limit.
 - output: bytes per cell and per notebook, counted by the grader as they arrive (see
   nbgrader_plugin.GuardedExecute), and wall time: the grader's own clock.
+- CPU time is counted, not limited: cgroup v1's cpuacct (or v2's cpu.stat) per job.
 
 `Cgroups.hit()` reads the kernel's own counters (an OOM kill, a fork refused), so a job
 stopped by a limit is reported as such, not as a mysterious dead kernel.
@@ -57,7 +58,7 @@ class Limits:
 # -- cgroups --------------------------------------------------------------------------------
 
 
-def _own_cgroups() -> dict[str, str]:
+def own_cgroups() -> dict[str, str]:
     """{controller or "" for v2: this process's cgroup path}, from /proc/self/cgroup."""
     found = {}
     try:
@@ -85,7 +86,7 @@ def cgroup_mounts() -> dict[str, Path]:
         if kind == "cgroup2":
             found.setdefault("", where)
         elif kind == "cgroup":
-            for c in ("memory", "pids"):
+            for c in ("memory", "pids", "cpuacct"):
                 if c in options:
                     found.setdefault(c, where)
     return found
@@ -106,17 +107,18 @@ class Cgroups:
         """Make the job's cgroups below this process's own; what cannot be made is left to
         rlimits, and said in `held`."""
         name = name or f"dpmp-lab-{uuid.uuid4().hex[:12]}"
-        own, mounts = _own_cgroups(), cgroup_mounts()
+        own, mounts = own_cgroups(), cgroup_mounts()
         job = cls(memory_mb=limits.memory_mb)
         if "memory" in mounts or "pids" in mounts:
             job.version = 1
             for controller, files in (("memory", {"memory.limit_in_bytes": limits.memory_mb * MIB,
                                                   "memory.memsw.limit_in_bytes":
                                                   limits.memory_mb * MIB}),
-                                      ("pids", {"pids.max": limits.processes})):
+                                      ("pids", {"pids.max": limits.processes}),
+                                      ("cpuacct", {})):
                 if controller in mounts and _make(
                         mounts[controller] / own.get(controller, "/").lstrip("/") / name, files,
-                        job):
+                        job) and controller != "cpuacct":   # cpuacct counts, limits nothing
                     job.held[controller] = "cgroup v1"
         elif "" in mounts:
             parent = mounts[""] / own.get("", "/").lstrip("/")
@@ -145,15 +147,20 @@ class Cgroups:
 
     def peak(self) -> dict[str, int]:
         """The most the job used so far, where the machine counts it: memory in MiB, tasks
-        (processes and their threads, as the pids controller counts them)."""
+        (processes and their threads, as the pids controller counts them), and the CPU time of
+        all its processes in milliseconds (sandboxed ones included, which getrusage misses)."""
         out = {}
         for folder in self.folders:
             for name, key, scale in (("memory.max_usage_in_bytes", "memory_mb", MIB),
                                      ("memory.peak", "memory_mb", MIB),
-                                     ("pids.peak", "tasks", 1)):
+                                     ("pids.peak", "tasks", 1),
+                                     ("cpuacct.usage", "cpu_ms", 10**6)):
                 text = _read(folder / name).strip()
                 if text.isdigit():
                     out[key] = int(text) // scale
+            used = _counters(folder / "cpu.stat").get("usage_usec")
+            if used is not None:
+                out["cpu_ms"] = used // 1000
         return out
 
     def kill_all(self) -> None:
@@ -276,4 +283,4 @@ def disk_used(folders: list[Path], max_entries: int = 20000) -> tuple[int, int]:
 
 
 __all__ = ["Cgroups", "Limits", "cgroup_mounts", "disk_used", "enter_command", "held_text",
-           "rlimits"]
+           "own_cgroups", "rlimits"]

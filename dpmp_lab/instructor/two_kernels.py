@@ -258,7 +258,7 @@ async def harness_beside(learner: NotebookClient, names: frozenset[str],
             outside = folder / "exchange"
             outside.mkdir()
             inside = str(outside)
-        async with harness.async_setup_kernel(cwd=str(folder)):
+        async with harness.async_setup_kernel(cwd=str(folder), cleanup_kc=True):
             relay = Relay(learner, outside, inside, str(folder / SOCKET))
             async with relay.serving():
                 step = await run_step(harness, install_line(relay.socket_path, names), 0)
