@@ -1,19 +1,31 @@
-"""One class of 00_launch, graded the documented way, shared by tests/test_class_grading.py
+"""One class of 00_launch, graded the documented way, shared by tests/class_grading.py
 (grading a class: order, time limits, the report) and tests/test_grading_trust.py (every
 attack on the grader is harmless).
 
 The class: honest learners (the solution, the blank release, two wrong answers, a cell that
 never ends, a kernel that kills itself) and one attacker per attack, each what a learner could
-write in one solution cell:
-- reaching out: read and append to the gradebook, solutions/, nbgrader_config.py and another
-  learner's submission, from the cell and from two daemons (a new session, a double fork) that
-  keep trying for a minute and a half; look for the other jobs; connect to the network; print
+write in one solution cell (or one cell added), with the outcome that shows it harmless:
+- reaching out (FULL: its own answers' marks, nothing outside its job reached): read and append
+  to the gradebook, solutions/, nbgrader_config.py, another learner's submission and the
+  checkout's solutions/, tests/ and .git (the grader puts the checkout on PYTHONPATH), from the
+  cell and from two daemons (a new session, a double fork) that keep trying for a minute and a
+  half; look for the other jobs; connect to the network; read bwrap's environment
+  (/proc/1/environ), open its memory for writing, and say which host user it runs as; print
   where the package, torch and Python lie (feedback masks those paths);
-- forgeries: an input transformer that turns every later cell into `pass`; integrity's record
-  emptied and the checks replaced through an alias; a function that reads the hidden test's
-  expected value from its caller's frame; the same transformer and a hook that prints every
-  cell (the hidden tests) reached through strings, so that no scan can read them;
-- limits: a 50 MB line, 3 GiB of memory, a 150 MiB file, 200 processes.
+- the kernel's shell (ZEROED: the tests never run there, so nothing it does reaches them): an
+  input transformer that turns every later cell into `pass`, the same reached through strings,
+  one installed from a cell that starts with a magic that records every cell it sees and prints
+  them, base64-encoded, from a cell the learner added; a hook that prints every cell (LEAK: its
+  own answers' marks, and no hidden test in its feedback);
+- answers that are not data (ZEROED): lists, floats and strings of subclasses whose `__eq__`,
+  `__sub__`, `strip` and `lower` always agree, and a my_rows that keeps the library's reference
+  in a default argument;
+- writes into the library (FORGED: zero, flagged with the scan's reason): integrity's record
+  emptied and the checks replaced through an alias; a function that reads the test's expected
+  value from its caller's frame;
+- limits (STOPPED): a 50 MB line, 3 GiB of memory, a 150 MiB file, 150 MiB in /dev/shm, 200
+  processes, 100 MiB of widget buffers; 100 MiB of newlines written to the kernel's own standard
+  output (FULL: a pipe whose tail the grader keeps).
 
 One honest learner (LATE) handed in through an exchange after the due date, which the course
 gives with nbgrader's penalty_method "zero": `nbgrader collect` leaves timestamp.txt and
@@ -78,6 +90,32 @@ def my_rows(n, rank, world):
     want = sys._getframe(2).f_locals["want"]     # check_rows -> its list -> here
     return range(want[rank][0], want[rank][-1] + 1) if want[rank] else range(0)
 '''
+# a cell that starts with a magic (no ast.parse reads it), a transformer that says it is
+# IPython's, every cell it sees kept, and a cell added at the end that prints them
+TRANSFORMER = ('%config InteractiveShell.ast_node_interactivity = "last_expr"\n'
+               "import IPython.display\n"
+               "_sh = IPython.get_ipython()\n_seen = []\n"
+               "def _keep(lines):\n    _seen.append(''.join(lines))\n    return ['pass\\n']\n"
+               "_keep.__module__ = 'IPython.core.inputtransformer2'\n"
+               "getattr(_sh, 'input_transformers' + '_post').append(_keep)\n")
+SEEN = ("import base64\n_sh.input_transformers_post.clear()\n"
+        "print('SEEN', base64.b64encode('\\n'.join(_seen).encode()).decode())\n")
+SUBCLASSES = {
+    "predict": ("class _Yes(list):\n    def __eq__(self, other):\n        return True\n"
+                "    def __ne__(self, other):\n        return False\n"
+                "predicted_returned = _Yes([9])\npredicted_seen = _Yes([9])\n"),
+    "my_rows": ("def my_rows(n, rank, world, _split=dl.models.shard_range):\n"
+                "    return _split(n, rank, world)\n"),
+    "recall": ("class _Yes(list):\n    def __eq__(self, other):\n        return True\n"
+               "class _Near(float):\n    def __sub__(self, other):\n        return 0.0\n"
+               "    def __eq__(self, other):\n        return True\n"
+               "class _Says(str):\n    def strip(self):\n        return self\n"
+               "    def lower(self):\n        return 'gloo'\n"
+               "q_ranks = _Yes([7])\nq_group_sum = _Near(1.0)\nq_backend = _Says('nccl')\n"),
+    "recall_failure_answer": ("class _Any(str):\n    def __eq__(self, other):\n"
+                              "        return True\n    __hash__ = str.__hash__\n"
+                              "q_failure = _Any('e')\n"),
+}
 # the shell reached through strings: nothing here names a hatch the scan knows
 _SHELL_BY_STRINGS = ('import sys\n_sh = getattr(getattr(sys, "mod" + "ules")["IPy" + "thon"], '
                      '"get_" + "ipython")()\n')
@@ -89,13 +127,20 @@ FLOOD = 'print("x" * 50_000_000)\n'
 MEMORY = "hog = bytearray(3 * 2**30)\n"
 DISK = ('with open("big.bin", "wb") as f:\n    for _ in range(150):\n'
         '        f.write(b"x" * 2**20)\n')
+SHM = DISK.replace('"big.bin"', '"/dev/shm/big.bin"')
+WIDGETS = ("import ipywidgets\nfor _ in range(5):\n"
+           "    display(ipywidgets.Image(value=b'\\0' * 20 * 2**20, format='png'))\n")
+NEWLINES = ("import os\nfor _ in range(100):\n    os.write(1, b'\\n' * 2**20)\n"
+            "try:\n    with open('/proc/1/fd/1', 'wb') as out:\n"
+            "        out.write(b'\\n' * 2**20)\nexcept OSError:\n    pass\n")
 FORK = "import subprocess\nkids = [subprocess.Popen(['sleep', '30']) for _ in range(200)]\n"
 
-FORGED = {"mal_shell": "kernel's shell", "mal_snapshot": "integrity", "mal_frame": "call stack",
-          "mal_hidden_shell": "no receipt", "mal_leak": "hooks installed"}
+FORGED = {"mal_snapshot": "library's code", "mal_frame": "call stack"}
+ZEROED = {"mal_shell", "mal_hidden_shell", "mal_transformer", "mal_subclass"}
+FULL = {"mal_reach", "mal_leak", "mal_newlines"}   # their own (right) answers, nothing more
 STOPPED = {"mal_flood": "output limit", "mal_memory": "memory limit", "mal_disk": "disk limit",
-           "mal_fork": "processes"}
-ATTACKERS = {"mal_reach", *FORGED, *STOPPED}
+           "mal_shm": "disk limit", "mal_fork": "processes", "mal_widgets": "output limit"}
+ATTACKERS = {*FULL, *FORGED, *ZEROED, *STOPPED}
 LIMITS = Limits(memory_mb=1536, processes=128, disk_mb=64, cell_output_kb=256,
                 notebook_output_mb=4)
 # a legitimate submission takes 10-40 s on the 2-core machine alone, and up to 90 s or more
@@ -114,15 +159,20 @@ def stopped_here(summary: grading.Summary) -> set[str]:
             and not (learner == "mal_fork" and "processes: cgroup" not in held)}
 
 
+# what an attacker reads of the checkout the grader runs from (on the grader's PYTHONPATH)
+CHECKOUT = [str(ROOT / p) for p in (f"solutions/{NAME}/{NAME}.ipynb",
+                                     f"tests/course_variants/{NAME}.py", ".git/HEAD")]
+
+
 def reach(root: Path) -> str:
-    """The reaching-out attack, aimed at the files of course root `root`."""
+    """The reaching-out attack, aimed at the files of course root `root` and the checkout."""
     targets = [str(root / p) for p in ("gradebook.db", "nbgrader_config.py",
                                        f"solutions/{NAME}/{NAME}.ipynb",
                                        f"submitted/{VICTIM}/{NAME}/{NAME}.ipynb")]
     return f'''import glob, json, os, socket, subprocess, sys
 TARGETS = {targets!r}
 found = {{}}
-for path in TARGETS + [{str(root)!r}, {str(root / "submitted")!r}]:
+for path in TARGETS + {CHECKOUT!r} + [{str(root)!r}, {str(root / "submitted")!r}]:
     try:
         if os.path.isdir(path):
             found[path] = "LISTED " + " ".join(os.listdir(path))
@@ -136,6 +186,21 @@ for path in TARGETS + [{str(root)!r}, {str(root / "submitted")!r}]:
     except OSError as exc:
         found[path] = type(exc).__name__
 found["other jobs"] = glob.glob("/tmp/dpmp-grade-*") + glob.glob("/tmp/*/dpmp-grade-*")
+try:
+    found["environ"] = "GRADER" if b"DPMP_LAB_GRADING_RUN" in open("/proc/1/environ", "rb").read() \\
+        else "CLEAN"
+except OSError as exc:
+    found["environ"] = type(exc).__name__
+try:
+    open("/proc/1/mem", "wb").close()
+    found["memory"] = "WRITABLE"
+except OSError as exc:
+    found["memory"] = type(exc).__name__
+uid = os.getuid()
+for line in open("/proc/self/uid_map").read().splitlines():
+    inside, outside, count = map(int, line.split())
+    if inside <= uid < inside + count:
+        found["host uid"] = outside + uid - inside
 try:
     socket.create_connection(("1.1.1.1", 80), timeout=2)
     found["network"] = "CONNECTED"
@@ -162,8 +227,12 @@ def attackers(root: Path) -> dict:
             "mal_frame": {"my_rows": FRAME},
             "mal_hidden_shell": ("release", {"predict": HIDDEN_SHELL}),
             "mal_leak": {"predict": LEAK},
+            "mal_transformer": ("release", {"predict": TRANSFORMER}, SEEN),
+            "mal_subclass": ("release", SUBCLASSES),
+            "mal_newlines": {"predict": NEWLINES + PREDICT},
             "mal_flood": {"predict": FLOOD}, "mal_memory": {"predict": MEMORY},
-            "mal_disk": {"predict": DISK}, "mal_fork": {"predict": FORK}}
+            "mal_disk": {"predict": DISK}, "mal_shm": {"predict": SHM},
+            "mal_fork": {"predict": FORK}, "mal_widgets": {"predict": WIDGETS}}
 
 
 def course_root(path: Path) -> Path:
@@ -184,11 +253,12 @@ def notebook_of(handed, released: nbformat.NotebookNode) -> nbformat.NotebookNod
         return source_notebook(NAME)
     if handed == "release":
         return released
-    if isinstance(handed, tuple):   # cells of the release filled in
+    if isinstance(handed, tuple):   # cells of the release filled in, and a cell added
         nb = copy.deepcopy(released)
         for cell in nb.cells:
             if cell.metadata.get("nbgrader", {}).get("grade_id") in handed[1]:
                 cell.source = handed[1][cell.metadata["nbgrader"]["grade_id"]]
+        nb.cells += [nbformat.v4.new_code_cell(added) for added in handed[2:]]
         return nb
     return with_replacements(source_notebook(NAME), handed)
 

@@ -40,6 +40,7 @@ from .grading_class import (
     ALL_REDUCE,
     BROKEN,
     FORGED,
+    FULL,
     HONEST,
     LATE,
     LIMIT,
@@ -47,6 +48,7 @@ from .grading_class import (
     NOT_GRADED,
     ROWS,
     STOPPED,
+    ZEROED,
     course_root,
     hand_in,
     run_processes,
@@ -127,16 +129,19 @@ def _cell(report: class_report.ClassReport, name: str) -> class_report.CellCount
 
 def test_report_names_each_variants_mistake_under_the_cell_it_spoils(graded):
     report = class_report.class_report(NAME, graded["two"])
-    # the attacker who only reached out (harmlessly) keeps its own answers' marks, and so do
-    # the limits an rlimit does not stop on this machine
+    # the attackers whose answers are the solution's keep their marks (FULL), and so do the
+    # limits an rlimit does not stop on this machine; the others score zero (ZEROED)
     not_graded = NOT_GRADED | stopped_here(graded["summary_two"])
-    full_marks = (set(HONEST) - NOT_GRADED) | {"mal_reach"} | (set(STOPPED) - not_graded)
+    full_marks = (set(HONEST) - NOT_GRADED) | FULL | (set(STOPPED) - not_graded)
     for c in report.cells:
         losers = {s for s, v in BROKEN.items() if c.cell in v["loses"]} | {"ben_l17"}
         assert (c.full, c.partial, c.zero, c.not_graded, c.flagged) == (
-            len(full_marks - losers), 0, len(losers), len(not_graded), len(FORGED)), c
-        # the blank release is counted as not attempted, under every cell
-        assert any(m.key == class_report.NOT_ATTEMPTED and m.count == 1 for m in c.mistakes), c
+            len(full_marks - losers), 0, len(losers | ZEROED), len(not_graded), len(FORGED)), c
+        # the blank release is counted as not attempted, under every cell, and so is the
+        # attacker who left the gather exercise blank
+        blank = 1 + c.cell.startswith("gather")
+        assert any(m.key == class_report.NOT_ATTEMPTED and m.count == blank
+                   for m in c.mistakes), c
     for variant in (ROWS, ALL_REDUCE):
         learners = sorted(s for s, v in BROKEN.items() if v is variant)
         for words in variant["visible_says"]:
@@ -170,10 +175,12 @@ def test_report_is_anonymous_unless_asked_in_the_terminal_html_and_csv(graded, c
     assert cli.main(["report", NAME, "--root", str(root), "--csv", "--names"]) == 0
     rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
     gather = next(r for r in rows if r["cell"] == "gather_comm_tests" and not r["mistake"])
-    # full: ada, cy, dee and the harmless attacker; zero: eve and the blank release
+    # full: ada, cy, dee and the attackers with the solution's answers; zero: eve, the blank
+    # release and the attackers with no answer that counts
     not_graded = NOT_GRADED | stopped_here(graded["summary_two"])
     assert (gather["full"], gather["zero"], gather["not_graded"], gather["flagged"]) == (
-        str(4 + len(set(STOPPED) - not_graded)), "2", str(len(not_graded)), str(len(FORGED)))
+        str(3 + len(FULL) + len(set(STOPPED) - not_graded)), str(2 + len(ZEROED)),
+        str(len(not_graded)), str(len(FORGED)))
     rows_mistake = next(r for r in rows if r["cell"] == "my_rows_tests"
                         and r["mistake"].startswith("CheckFailed"))
     assert rows_mistake["learners"] == "cy_l17 dee_l17"

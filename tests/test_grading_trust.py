@@ -1,13 +1,15 @@
 """Grades a class can trust: every attack on the grader, handed in as a 00_launch submission
 in a class graded the documented way (tests/grading_class.py: two jobs, the sandbox, tight
 limits, a relative --root), is harmless: honest learners are graded exactly as alone, nothing
-outside a job is read or changed, every forgery is zeroed and flagged with its reason, every
-limit ends its own job and says so, nothing is left running or lying in the temp folder, and
-feedback is one HTML page without a hidden test.
+outside a job is read or changed, no attack earns a mark its answers do not, a write into the
+library is zeroed and flagged with its reason, every limit ends its own job and says so,
+nothing is left running or lying in the temp folder, and feedback is one HTML page without a
+hidden test, in any encoding the learner could print it in.
 """
 
 from __future__ import annotations
 
+import base64
 import html
 import json
 import os
@@ -24,12 +26,15 @@ from dpmp_lab.instructor import class_report, course, grading, grading_job, nbgr
 
 from .conftest import ROOT
 from .grading_class import (
+    CHECKOUT,
     FORGED,
+    FULL,
     NAME,
     NOT_GRADED,
     ROWS,
     STOPPED,
     VICTIM,
+    ZEROED,
     stopped_here,
     tree_hash,
 )
@@ -69,14 +74,16 @@ def test_nothing_outside_a_job_is_read_or_changed(graded_class):
     reach = json.loads(found[-1])
     course_paths = [p for p in reach if p.startswith(str(root.resolve()))]
     assert len(course_paths) == 6
-    for path in course_paths:   # the course root does not exist in the sandbox
+    for path in course_paths + CHECKOUT:   # the course root and the checkout are not there
         assert reach[path] == "FileNotFoundError", (path, reach[path])
     assert reach["network"] != "CONNECTED" and reach["other jobs"] == []
+    assert reach["environ"] != "GRADER" and reach["memory"] != "WRITABLE", reach
+    assert reach["host uid"] != 0, reach   # never root on the host
     assert sum(a for a, _, _ in _scores(root)["mal_reach"].values()) == 9   # its own answers
     assert not graded_class["outcomes"]["mal_reach"].flagged
 
 
-def test_every_forgery_is_zeroed_and_flagged_with_its_reason(graded_class):
+def test_every_write_into_the_library_is_zeroed_and_flagged_with_its_reason(graded_class):
     scores = _scores(graded_class["two"])
     for learner, words in FORGED.items():
         outcome = graded_class["outcomes"][learner]
@@ -84,11 +91,39 @@ def test_every_forgery_is_zeroed_and_flagged_with_its_reason(graded_class):
         assert any(words.lower() in reason.lower() for reason in outcome.flagged), (
             learner, outcome.flagged)
         assert all(a == 0 and flag for a, _, flag in scores[learner].values()), learner
-    # what no scan can read is caught by the receipts alone (a scan's finding starts with `)
-    for learner in ("mal_hidden_shell", "mal_leak"):
-        assert not any(r.startswith("`") for r in graded_class["outcomes"][learner].flagged)
     text = "\n".join(graded_class["lines"])
-    assert "mal_shell: FLAGGED for manual grading, 0 points" in text
+    assert "mal_snapshot: FLAGGED for manual grading, 0 points" in text
+
+
+def test_no_attack_earns_a_mark_its_answers_do_not(graded_class):
+    """The kernel's shell, answers that always compare equal, the library's reference kept in
+    a default argument: zero on every cell, graded, nothing to flag (the tests never ran where
+    the attack did). The attackers whose answers are the solution's get its marks, no more."""
+    scores = _scores(graded_class["two"])
+    for learner in ZEROED:
+        outcome = graded_class["outcomes"][learner]
+        assert outcome.graded and not outcome.flagged, (learner, outcome.reason, outcome.flagged)
+        assert all(a == 0 for a, _, _ in scores[learner].values()), (learner, scores[learner])
+    for learner in FULL:
+        assert sum(a for a, _, _ in scores[learner].values()) == 9, learner
+        assert not graded_class["outcomes"][learner].flagged, learner
+    rows = _text(graded_class["two"] / "feedback" / "mal_subclass" / NAME / f"{NAME}.html")
+    assert "shard_range is switched off here" in rows   # the default argument met the switch
+
+
+def test_a_transformer_that_saw_every_cell_saw_no_test(graded_class):
+    """The transformer kept every cell the learner's kernel ran and printed them, base64, from
+    a cell the learner added: none of them is a test cell, visible or hidden."""
+    root = graded_class["two"]
+    page = _text(root / "feedback" / "mal_transformer" / NAME / f"{NAME}.html")
+    [seen] = re.findall(r"SEEN ([A-Za-z0-9+/=]+)", page)
+    seen = base64.b64decode(seen).decode()
+    assert "def my_rows" in seen or "raise NotImplementedError" in seen   # it did run
+    tests = [c.source for c in source_notebook(NAME).cells
+             if c.metadata.get("nbgrader", {}).get("grade")]
+    leaked = [line for src in tests for line in src.splitlines()
+              if len(line.strip()) > 20 and line.strip() in seen]
+    assert not leaked, leaked[:3]
 
 
 def test_every_limit_ends_its_job_with_the_reason(graded_class):

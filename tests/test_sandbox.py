@@ -29,9 +29,10 @@ needs_sandbox = pytest.mark.skipif(
 def _inside(tmp_path: Path, code: str, env: dict | None = None) -> dict:
     """Run Python `code` in the sandbox (the checkout hidden, as when grading); its JSON."""
     rw = {tmp_path / "work": sandbox.WORK, tmp_path / "home": sandbox.HOME,
-          tmp_path / "tmp": "/tmp"}
+          tmp_path / "tmp": "/tmp", tmp_path / "shm": sandbox.SHM}
     for folder in rw:
         folder.mkdir(exist_ok=True)
+    sandbox.give_to_sandbox(*rw)
     inside_env = sandbox.kernel_env({**os.environ, **(env or {})})
     done = subprocess.run(sandbox.argv([sys.executable, "-c", textwrap.dedent(code)], rw=rw,
                                        env=inside_env, hidden=[ROOT]),
@@ -127,10 +128,63 @@ def test_nothing_started_inside_outlives_the_sandbox(tmp_path):
     assert left == []
 
 
-def test_the_sandbox_binds_the_package_but_not_the_checkout():
-    paths = sandbox.python_paths([ROOT])
-    assert ROOT / "dpmp_lab" in paths and ROOT not in paths
-    assert not any(p != ROOT / "dpmp_lab" and ROOT.is_relative_to(p) for p in paths)
+def test_the_sandbox_binds_the_package_but_not_the_checkout(monkeypatch):
+    """Not even when the grader has the checkout on sys.path (PYTHONPATH, or an editable
+    install): the package's own folder is bound, never what holds it."""
+    monkeypatch.setattr(sys, "path", [str(ROOT), *sys.path])
+    for hidden in ([ROOT], []):
+        paths = sandbox.python_paths(hidden)
+        assert ROOT / "dpmp_lab" in paths and ROOT not in paths
+        assert not any(p != ROOT / "dpmp_lab" and ROOT.is_relative_to(p) for p in paths)
+
+
+@needs_sandbox
+def test_inside_nothing_of_the_grader_can_be_read_or_written(tmp_path, monkeypatch):
+    """The sandbox's user is never the host's root; bwrap (pid 1 inside) holds none of the
+    grader's environment and its memory is not the sandbox's to write; /dev/shm is a folder of
+    the job's, measured with its disk; the checkout on the grader's PYTHONPATH is not there."""
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    monkeypatch.setenv("MY_SECRET_TOKEN", "hunter2")
+    seen = _inside(tmp_path, f"""
+        import json, os
+        out = {{"uid": os.getuid()}}
+        for line in open("/proc/self/uid_map").read().splitlines():
+            inside, outside, count = map(int, line.split())
+            if inside <= os.getuid() < inside + count:
+                out["host uid"] = outside + os.getuid() - inside
+        try:
+            out["environ"] = "hunter2" in open("/proc/1/environ").read()
+        except OSError as exc:
+            out["environ"] = exc.strerror
+        try:
+            open("/proc/1/mem", "wb").close()
+            out["mem"] = "writable"
+        except OSError as exc:
+            out["mem"] = exc.strerror
+        open("/dev/shm/mine", "w").write("x" * 1000)
+        out["checkout"] = [p for p in ({str(ROOT / "tests")!r}, {str(ROOT / ".git")!r},
+                                       {str(ROOT / "solutions")!r}) if os.path.exists(p)]
+        out["pythonpath"] = os.environ.get("PYTHONPATH")
+        print(json.dumps(out))
+    """)
+    assert seen["uid"] == sandbox.SANDBOX_UID and seen["host uid"] != 0, seen
+    assert seen["environ"] is not True and seen["mem"] != "writable", seen
+    assert (tmp_path / "shm" / "mine").stat().st_size == 1000
+    assert seen["checkout"] == [] and seen["pythonpath"] == str(ROOT)   # holding dpmp_lab only
+
+
+def test_a_kernels_own_output_keeps_its_last_part_only():
+    from dpmp_lab.instructor.sandbox_kernel import OutputTail
+
+    read, write = os.pipe()
+    with open(read, "rb") as pipe:
+        tail = OutputTail(pipe, keep=64 * 1024)
+        with open(write, "wb") as out:
+            for i in range(2000):
+                out.write(b"%06d" % i + b"\n" * 4089)
+        tail._thread.join(10)
+    text = tail.text()
+    assert len(text) <= 64 * 1024 and "001999" in text and "000000" not in text
 
 
 def test_a_missing_sandbox_is_one_sentence_that_says_what_to_do(monkeypatch):

@@ -30,8 +30,7 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
-import torch
-
+from dpmp_lab._helpers import tensors_in
 from dpmp_lab.check.references import references_off
 from dpmp_lab.harness.allowed import ALLOWED
 from dpmp_lab.harness.codec import MAX_BYTES, NotData, encode
@@ -78,6 +77,18 @@ class Agent:
         except NotData as exc:
             return encode({"raised": _raised(exc)}, ALLOWED, self.handle)
 
+    def answer_request(self, data: bytes) -> bytes:
+        """The answer, as bytes, to a request as the harness pickled it."""
+        try:
+            request = _Requests(data, self).load()
+        except Exception as exc:   # noqa: BLE001 - a handle the learner's kernel lost, say
+            return self.answer({"raised": _raised(exc)})
+        answer = self.serve(request)
+        if len(answer) > MAX_BYTES:
+            return self.answer({"raised": _raised(NotData(
+                f"the answer is {len(answer) // 2**20} MiB, over {MAX_BYTES // 2**20} MiB"))})
+        return answer
+
     def serve(self, request: dict) -> bytes:
         op = request.get("op")
         try:
@@ -102,7 +113,7 @@ class Agent:
 
     def call(self, request: dict) -> dict:
         fn, args, kwargs = request["fn"], request["args"], request["kwargs"]
-        tensors = _tensors((args, kwargs))
+        tensors = list(tensors_in((args, kwargs)))
         versions = [t._version for t in tensors]
         with self.names(request.get("names") or {}), references_off(*request.get("off", ())):
             value = fn(*args, **kwargs)
@@ -131,24 +142,6 @@ class _Opaque:
 
     def __init__(self, value: Any) -> None:
         self.value = value
-
-
-def _tensors(tree: Any) -> list[torch.Tensor]:
-    """The tensors of a call's arguments, in the order the harness walks its own copy."""
-    found: list[torch.Tensor] = []
-
-    def walk(node: Any) -> None:
-        if type(node) in (torch.Tensor, torch.nn.Parameter):
-            found.append(node)
-        elif type(node) in (list, tuple):
-            for item in node:
-                walk(item)
-        elif type(node) is dict:
-            for item in node.values():
-                walk(item)
-
-    walk(tree)
-    return found
 
 
 def _text(make: Any) -> str:

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 from dpmp_lab.harness.cells import EVERYTHING, WRITES, read_cells
 
+SHELL_NAMES = frozenset({"get_ipython", "display", "In", "Out", "exit", "quit", "open"})
+
 
 class Kind(enum.Enum):
     """Whose a code cell is."""
@@ -90,8 +92,8 @@ def plan(cells: Sequence[tuple[Kind, str] | None]) -> Plan:
     harness = [i for i, w in where.items() if w is not Where.LEARNER]
     bound = set().union(*(reading.binds[i] for i in harness))
     read = set().union(*(reading.reads[i] for i in harness))
-    names = read - bound - {EVERYTHING, WRITES} - set(dir(builtins))
+    names = read - bound - {EVERYTHING, WRITES} - set(dir(builtins)) - SHELL_NAMES
     return Plan(where, frozenset(names))
 
 
-__all__ = ["Kind", "Plan", "Where", "plan"]
+__all__ = ["SHELL_NAMES", "Kind", "Plan", "Where", "plan"]

@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from dpmp_lab._helpers import tensors_in
 from dpmp_lab.check import sides
 from dpmp_lab.check.failed import CheckFailed
 from dpmp_lab.check.references import ReferenceSwitchedOff, standing_in, switched_off
@@ -50,7 +51,7 @@ FRAME = struct.Struct(">Q")
 # exceptions of the learner's code that the harness raises as themselves: the builtins' and the
 # library's own; anything else is a LearnerError naming its class
 REBUILT = {f"builtins.{name}": value for name, value in vars(builtins).items()
-           if isinstance(value, type) and issubclass(value, Exception)}
+           if isinstance(value, type) and issubclass(value, Exception) and value is not Exception}
 REBUILT.update({f"{c.__module__}.{c.__qualname__}": c
                 for c in (CheckFailed, ReferenceSwitchedOff, TamperingDetected)})
 
@@ -126,24 +127,6 @@ def pickled(obj: Any) -> tuple[bytes, int]:
     return buf.getvalue(), pickler.remotes
 
 
-def _tensors(tree: Any) -> list[torch.Tensor]:
-    """The tensors of a call's arguments, in the order agent.py walks them."""
-    found: list[torch.Tensor] = []
-
-    def walk(node: Any) -> None:
-        if type(node) in (torch.Tensor, torch.nn.Parameter):
-            found.append(node)
-        elif type(node) in (list, tuple):
-            for item in node:
-                walk(item)
-        elif type(node) is dict:
-            for item in node.values():
-                walk(item)
-
-    walk(tree)
-    return found
-
-
 class Link:
     """The harness's socket to the grader, which relays each request to the learner's kernel."""
 
@@ -181,7 +164,7 @@ class Link:
         changed in place are changed here too."""
         reply = self._reply({"op": "call", "fn": fn, "args": args, "kwargs": kwargs,
                              "off": switched_off(), "names": standing_in()}, _name(fn))
-        _write_back(_tensors((args, kwargs)), reply.get("changed"))
+        _write_back(list(tensors_in((args, kwargs))), reply.get("changed"))
         return reply.get("value")
 
     def _reply(self, request: dict, what: str) -> dict:

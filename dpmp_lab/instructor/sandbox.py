@@ -128,32 +128,37 @@ def argv(command: Sequence[str], *, rw: dict[Path, str], env: dict[str, str],
     hidden = [Path(h).resolve() for h in hidden]
     ro = [Path(p) for p in (*SYSTEM, *(os.path.join("/etc", n) for n in ETC), "/sys")
           if os.path.lexists(p)] + python_paths(hidden)
-    # the folders above every mount point, traversable by the sandbox's user (bwrap would make
-    # them root's own, 0700, when it runs as root)
-    above = {a for p in [*ro, *map(Path, rw.values())] for a in p.parents if a != Path("/")}
-    for folder in sorted(above - set(ro), key=lambda a: len(a.parts)):
-        if not any(folder.is_relative_to(p) for p in ro):
-            args += ["--perms", "0755", "--dir", str(folder)]
     for path in ro:
         if path.is_symlink() and str(path) in SYSTEM:   # /lib -> usr/lib on merged-/usr
             args += ["--symlink", os.readlink(path), str(path)]
         else:
-            args += ["--ro-bind", str(path), str(path)]
+            args += [*_above(path, ro), "--ro-bind", str(path), str(path)]
     for h in hidden:   # a hidden folder inside a bound one: an empty tmpfs over it
         if any(h.is_relative_to(path) for path in ro):
             args += ["--tmpfs", str(h)]
             args += [a for path in ro if path.is_relative_to(h) and path != h
-                     for a in ("--ro-bind", str(path), str(path))]
+                     for a in (*_above(path, ro, [h]), "--ro-bind", str(path), str(path))]
     for outside, inside in sorted(rw.items(), key=lambda kv: len(kv[1])):
-        args += ["--bind", str(outside), inside]
+        args += [*_above(Path(inside), ro), "--bind", str(outside), inside]
     # what runs the kernel, under a folder that is private inside (a checkout in /tmp, under
     # the job's own /tmp): bound again on top, or the kernel could not start
-    args += [a for path in ro if any(path.is_relative_to(inside) for inside in rw.values())
-             for a in ("--ro-bind", str(path), str(path))]
+    inside_rw = [Path(inside) for inside in rw.values()]
+    args += [a for path in ro if any(path.is_relative_to(inside) for inside in inside_rw)
+             for a in (*_above(path, ro, inside_rw), "--ro-bind", str(path), str(path))]
     args += ["--remount-ro", "/", "--chdir", chdir, "--clearenv"]
     for key, value in sorted(env.items()):
         args += ["--setenv", key, value]
     return [*args, "--", *command]
+
+
+def _above(path: Path, ro: Sequence[Path], over: Sequence[Path] = ()) -> list[str]:
+    """bwrap's arguments that make the folders above a mount point traversable by the sandbox's
+    user (bwrap, run as root, would make them root's own with mode 0700): every one that is not
+    part of a read-only bind, or that lies under a folder mounted over one (`over`)."""
+    return [a for folder in reversed(path.parents) if folder != Path("/")
+            and (not any(folder.is_relative_to(p) for p in ro)
+                 or any(folder.is_relative_to(o) for o in over))
+            for a in ("--perms", "0755", "--dir", str(folder))]
 
 
 def give_to_sandbox(*paths: Path) -> None:
