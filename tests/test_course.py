@@ -342,8 +342,9 @@ NAMESPACE_SWAPS = {"03_tensor_parallel": frozenset({"library_versions"}),
 
 
 def test_the_namespace_swaps_are_the_notebooks_own_and_put_back_what_they_replace():
-    """Each named helper is defined in its notebook, reaches the namespace, and restores it in
-    a `finally` (a rename or a rewrite fails here, not silently in the skipping)."""
+    """Each named helper is defined in its notebook, reaches the namespace, and puts back what
+    it replaced: it hands globals() to dl.check.stand_ins, which does (a rename or a rewrite
+    fails here, not silently in the skipping)."""
     import ast
 
     for name, helpers in NAMESPACE_SWAPS.items():
@@ -354,11 +355,11 @@ def test_the_namespace_swaps_are_the_notebooks_own_and_put_back_what_they_replac
                               if isinstance(node, ast.FunctionDef) and node.name in helpers})
         assert set(found) == helpers, f"{name} defines no {sorted(helpers - set(found))}"
         for helper, node in found.items():
-            calls = [n.func.id for n in ast.walk(node) if isinstance(n, ast.Call)
-                     and isinstance(n.func, ast.Name)]
-            tries = [n for n in ast.walk(node) if isinstance(n, ast.Try) and n.finalbody
-                     and any(isinstance(y, ast.Yield) for b in n.body for y in ast.walk(b))]
-            assert "globals" in calls and tries, f"{name}'s {helper} is not a swap and restore"
+            swaps = [n for n in ast.walk(node) if isinstance(n, ast.Call)
+                     and ast.unparse(n.func) == "dl.check.stand_ins" and n.args
+                     and ast.unparse(n.args[0]) == "globals()"]
+            yields = [n for n in ast.walk(node) if isinstance(n, ast.Yield)]
+            assert swaps and yields, f"{name}'s {helper} is not a swap through stand_ins"
 
 
 def _cells_skipped(name: str, variant: dict) -> int:
