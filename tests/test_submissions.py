@@ -1,17 +1,45 @@
-"""Submissions are data: a learner's folder is read by descriptor, never through a link, and
-within bounds (instructor/submitted.py)."""
+"""Submissions are data: a learner's folder is checked before a job reads it (no link, no
+special file, within bounds), its timestamp and nbgrader's log are read as bounded bytes.
+Fast: nbgrader never runs here (the job's nbgrader command is replaced), and no sandbox."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
+import stat
+import sys
 from pathlib import Path
 
 import pytest
 
-from dpmp_lab.instructor import submitted
+from dpmp_lab.instructor import grading, grading_job, submitted
+from dpmp_lab.instructor.limits import Limits
 
+from .conftest import ROOT
+
+NAME = "00_launch"
+SOURCE = ROOT / "solutions" / NAME
 OUTSIDE = b"OUTSIDE-THE-SUBMISSION-9f1c2e"   # what no copy, page or report may hold
+STAMP = "2026-03-01 09:30:00.000000 UTC"
+
+
+@pytest.fixture(scope="module")
+def course_once(tmp_path_factory) -> Path:
+    """A course root whose gradebook knows the assignment (nbgrader's generate_assignment,
+    once for the module)."""
+    root = tmp_path_factory.mktemp("course") / "c"
+    root.mkdir()
+    shutil.copy(ROOT / "nbgrader_config.py", root)
+    shutil.copytree(SOURCE, root / "solutions" / NAME)
+    grading.ensure_assignment(NAME, root)
+    return root
+
+
+@pytest.fixture
+def root(course_once, tmp_path) -> Path:
+    shutil.copytree(course_once, tmp_path / "c")
+    return tmp_path / "c"
 
 
 @pytest.fixture
@@ -21,6 +49,41 @@ def outside(tmp_path) -> Path:
     path = tmp_path / "elsewhere" / "secret.txt"
     path.write_bytes(OUTSIDE)
     return path
+
+
+def hand_in(root: Path, learner: str) -> Path:
+    folder = root / "submitted" / learner / NAME
+    folder.mkdir(parents=True)
+    shutil.copy(SOURCE / f"{NAME}.ipynb", folder)
+    return folder
+
+
+def holding(top: Path, data: bytes) -> list[Path]:
+    """The regular files under `top` (links not followed) whose bytes contain `data`."""
+    return [p for p in top.rglob("*")
+            if p.is_file() and not p.is_symlink() and data in p.read_bytes()]
+
+
+class Nbgrader:
+    """The job's nbgrader run, replaced: counts its runs and fails them, so a test sees
+    whether a submission got as far as nbgrader, and what it would have read."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.runs: list[Path] = []
+        monkeypatch.setattr(grading_job, "_run", self._run)
+
+    def _run(self, steps, scratch, *args):
+        self.runs.append(scratch)
+        return 1, "RuntimeError: not run in this test", ""
+
+
+def job(root: Path, tmp_path: Path) -> grading_job.Graded:
+    """Grade learner lea's submission as `dpmp-lab grade` would, unsandboxed, in tmp_path/base."""
+    base = tmp_path / "base"
+    base.mkdir(exist_ok=True)
+    settings = grading_job.Settings(root, root / "gradebook.db", base, 60.0, sandbox=False)
+    return grading_job.grade_one(NAME, "lea", root / "submitted" / "lea" / NAME,
+                                 settings=settings)
 
 
 # -- the reader: bounded, never through a link ----------------------------------------------------
@@ -63,3 +126,167 @@ def test_the_digest_sees_a_link_and_a_special_file_without_opening_them(tmp_path
     (folder / "pipe").unlink()
     (folder / "pipe").symlink_to(outside)
     assert len({plain, with_fifo, digest()}) == 3
+
+
+# -- links and special files: NOT GRADED, and nothing they name is read --------------------------
+
+
+def _notebook_link(folder: Path, root: Path, outside: Path) -> str:
+    (folder / f"{NAME}.ipynb").unlink()
+    (folder / f"{NAME}.ipynb").symlink_to(root / "solutions" / NAME / f"{NAME}.ipynb")
+    return f"{NAME}.ipynb is a symbolic link"
+
+
+def _file_link(folder: Path, root: Path, outside: Path) -> str:
+    (folder / "notes.txt").symlink_to(outside)
+    return "notes.txt is a symbolic link"
+
+
+def _link_in_a_subfolder(folder: Path, root: Path, outside: Path) -> str:
+    (folder / "data" / "more").mkdir(parents=True)
+    (folder / "data" / "more" / "rows.csv").symlink_to(outside)
+    return "data/more/rows.csv is a symbolic link"
+
+
+def _folder_link(folder: Path, root: Path, outside: Path) -> str:
+    (folder / "lib").symlink_to(outside.parent, target_is_directory=True)
+    return "lib is a symbolic link"
+
+
+def _gradebook_link(folder: Path, root: Path, outside: Path) -> str:
+    (folder / "grades.db").symlink_to(root / "gradebook.db")
+    return "grades.db is a symbolic link"
+
+
+def _hard_link(folder: Path, root: Path, outside: Path) -> str:
+    os.link(outside, folder / "notes.txt")
+    return "notes.txt is a hard link"
+
+
+def _fifo(folder: Path, root: Path, outside: Path) -> str:
+    os.mkfifo(folder / "pipe")
+    return "pipe is a fifo, not a regular file"
+
+
+@pytest.mark.parametrize("plant", [_notebook_link, _file_link, _link_in_a_subfolder,
+                                   _folder_link, _gradebook_link, _hard_link, _fifo],
+                         ids=lambda f: f.__name__.strip("_"))
+def test_a_link_or_special_file_anywhere_is_not_graded_and_nothing_it_names_is_read(
+        plant, root, outside, tmp_path, monkeypatch):
+    folder = hand_in(root, "lea")
+    said = plant(folder, root, outside)
+    nbgrader = Nbgrader(monkeypatch)
+    outcome = job(root, tmp_path)
+    assert not outcome.graded and outcome.reason.startswith(said), outcome.reason
+    if "link" in said:
+        assert outcome.reason.endswith("hand in regular files; a link is never followed")
+    assert nbgrader.runs == [] and not any((tmp_path / "base").iterdir())   # nothing copied
+    assert holding(tmp_path / "base", OUTSIDE) == []
+
+
+def test_a_submission_folder_that_is_itself_a_link_is_not_graded(root, tmp_path, monkeypatch):
+    elsewhere = hand_in(root, "other")
+    (root / "submitted" / "lea").mkdir()
+    (root / "submitted" / "lea" / NAME).symlink_to(elsewhere, target_is_directory=True)
+    nbgrader = Nbgrader(monkeypatch)
+    outcome = job(root, tmp_path)
+    assert not outcome.graded and outcome.reason.startswith(
+        f"the submission folder {NAME} is a symbolic link"), outcome.reason
+    assert nbgrader.runs == []
+
+
+def test_a_link_made_after_the_check_is_refused_by_the_copy(
+        root, outside, tmp_path, monkeypatch):
+    """The folder may change between the check and the copy: the copy never follows."""
+    folder = hand_in(root, "lea")
+    checked = submitted.check
+
+    def check_then_swap(path, **kw):
+        size = checked(path, **kw)
+        (folder / "notes.txt").symlink_to(outside)
+        return size
+
+    monkeypatch.setattr(submitted, "check", check_then_swap)
+    nbgrader = Nbgrader(monkeypatch)
+    outcome = job(root, tmp_path)
+    assert not outcome.graded and outcome.reason.startswith(
+        "notes.txt is a symbolic link"), outcome.reason
+    assert nbgrader.runs == [] and not any((tmp_path / "base").iterdir())
+
+
+def test_a_regular_submission_is_copied_byte_for_byte_with_its_times_and_no_set_id_bit(
+        root, tmp_path, monkeypatch):
+    folder = hand_in(root, "lea")
+    (folder / "data").mkdir()
+    (folder / "data" / "tool.sh").write_bytes(b"#!/bin/sh\n")
+    (folder / "data" / "tool.sh").chmod(0o4755)
+    os.utime(folder / "data" / "tool.sh", ns=(1_600_000_000 * 10**9, 1_600_000_000 * 10**9))
+    (folder / "timestamp.txt").write_text(STAMP)
+    nbgrader = Nbgrader(monkeypatch)
+    outcome = job(root, tmp_path)
+    [scratch] = nbgrader.runs
+    copy = scratch / "submitted" / "lea" / NAME
+    assert {p.relative_to(copy): p.read_bytes() for p in copy.rglob("*") if p.is_file()} == {
+        p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    tool = (copy / "data" / "tool.sh").stat()
+    assert tool.st_mtime_ns == 1_600_000_000 * 10**9 and stat.S_IMODE(tool.st_mode) == 0o755
+    assert outcome.size == sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+# -- the fingerprint: bounded, never through a link ----------------------------------------------
+
+
+def test_the_fingerprint_never_reads_through_a_link_and_reads_at_most_the_disk_limit(
+        root, outside, tmp_path):
+    folder = hand_in(root, "lea")
+    (folder / "notes.txt").symlink_to(outside)
+    source = root / "solutions" / NAME
+    before = grading_job.fingerprint(folder, source)
+    outside.write_bytes(b"changed outside")
+    assert grading_job.fingerprint(folder, source) == before   # a link is its name only
+    (folder / "notes.txt").unlink()
+    big = folder / "big.bin"
+    big.write_bytes(bytes(3 * 2**20))
+    one_mib = Limits(disk_mb=1)
+    first = grading_job.fingerprint(folder, source, one_mib)
+    with open(big, "r+b") as f:
+        f.seek(2 * 2**20)
+        f.write(b"x")   # past the disk limit: refused whatever it holds there
+    assert grading_job.fingerprint(folder, source, one_mib) == first
+    with open(big, "r+b") as f:
+        f.write(b"x")   # within it
+    assert grading_job.fingerprint(folder, source, one_mib) != first
+
+
+# -- nbgrader's timestamp: bounded bytes, a bad one is its learner's -----------------------------
+
+
+@pytest.mark.parametrize("data, said", [
+    (b"2026-03-01 09:30:00 UTC\xff\xfe", "timestamp.txt holds no time nbgrader can read"),
+    (STAMP.encode() + b" " * 2**20, "timestamp.txt holds 1048606 bytes, more than the 4096"),
+    (b"next tuesday", "timestamp.txt holds no time nbgrader can read"),
+], ids=["not-utf8", "huge", "not-a-time"])
+def test_a_timestamp_nbgrader_cannot_read_is_its_learners_not_graded_reason(
+        data, said, root, tmp_path, monkeypatch):
+    folder = hand_in(root, "lea")
+    (folder / "timestamp.txt").write_bytes(data)
+    nbgrader = Nbgrader(monkeypatch)
+    outcome = job(root, tmp_path)
+    assert not outcome.graded and outcome.reason.startswith(said), outcome.reason
+    assert nbgrader.runs == [] and not any((tmp_path / "base").iterdir())
+
+
+def test_only_the_end_of_nbgrader_log_is_read_back(root, tmp_path, monkeypatch):
+    """Its last error is what the reason quotes; what a kernel printed before it may be
+    anything, in any amount and any bytes."""
+    hand_in(root, "lea")
+    noisy = ("import sys; sys.stdout.buffer.write(b'\\xff' * 3 * 2**20); "
+             "print(); print('ValueError: the last words'); sys.exit(1)")
+    monkeypatch.setattr(grading_job, "command", lambda steps: [sys.executable, "-c", noisy])
+    seen: list[str] = []
+    last_error = grading_job._last_error
+    monkeypatch.setattr(grading_job, "_last_error", lambda log: seen.append(log) or (
+        last_error(log)))
+    outcome = job(root, tmp_path)
+    assert outcome.reason == "nbgrader could not grade it: ValueError: the last words"
+    assert [len(log.encode()) <= 3 * 64 * 1024 for log in seen] == [True]
