@@ -1,10 +1,12 @@
 """Submissions are data: a learner's folder is checked before a job reads it (no link, no
-special file, within bounds), its timestamp and nbgrader's log are read as bounded bytes.
-Fast: nbgrader never runs here (the job's nbgrader command is replaced), and no sandbox."""
+special file, within bounds), nbgrader's small files are read as bounded bytes, and one
+learner's bad file or failed recording costs that learner alone. Fast: nbgrader never runs
+here (`grading.grade_one` or the job's nbgrader command is replaced), and no sandbox."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import stat
@@ -13,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dpmp_lab.instructor import grading, grading_job, submitted
+from dpmp_lab.instructor import course, grading, grading_job, submitted
 from dpmp_lab.instructor.limits import Limits
 
 from .conftest import ROOT
@@ -290,3 +292,118 @@ def test_only_the_end_of_nbgrader_log_is_read_back(root, tmp_path, monkeypatch):
     outcome = job(root, tmp_path)
     assert outcome.reason == "nbgrader could not grade it: ValueError: the last words"
     assert [len(log.encode()) <= 3 * 64 * 1024 for log in seen] == [True]
+
+
+# -- the parent: one learner's bad file, failed recording or big result is theirs ------------
+
+
+def graded_job(root: Path, notebook_bytes: int = 0):
+    """grade_one, replaced: every learner graded with full marks, a feedback page and an
+    autograded notebook (`notebook_bytes` long, else the submitted one) in a scratch course,
+    as a real job leaves them. Records the learners it was asked for."""
+    asked: list[str] = []
+
+    def fake(name, student, folder, *, settings, live=None):
+        asked.append(student)
+        out = grading_job.Graded(student, grading_job.fingerprint(
+            folder, settings.root / "solutions" / name), graded=True,
+            scratch=settings.base / student)
+        out.size = (folder / f"{name}.ipynb").stat().st_size
+        with grading_job.open_gradebook(course.gradebook_url(root)) as gb:
+            for g in gb.find_notebook(name, name).grade_cells:
+                out.scores[(name, g.name)] = (g.max_score, False)
+        made = out.scratch / "autograded" / student / name
+        made.mkdir(parents=True)
+        if notebook_bytes:
+            (made / f"{name}.ipynb").write_bytes(b" " * notebook_bytes)
+        else:
+            shutil.copy(folder / f"{name}.ipynb", made)
+        (out.scratch / "feedback" / student / name).mkdir(parents=True)
+        (out.scratch / "feedback" / student / name / f"{name}.html").write_text("<p>feedback")
+        return out
+
+    return fake, asked
+
+
+def rows(root: Path) -> dict[str, tuple[float, bool]]:
+    """{learner: (points, any cell flagged for manual grading)} from the course's gradebook."""
+    dump = grading.gradebook_dump(course.gradebook_url(root), NAME)
+    return {s: (sum(v[0] or 0 for v in cells.values() if isinstance(v, tuple)),
+                any(v[2] for v in cells.values() if isinstance(v, tuple)))
+            for s, cells in dump.items()}
+
+
+@pytest.mark.parametrize("file, data", [
+    ("submission_secret.txt", b"\xff\xfe not utf-8"),
+    ("submission_secret.txt", b"a" * 2**20),
+    ("timestamp.txt", b"\xff\xfe not utf-8"),
+    ("timestamp.txt", STAMP.encode() + b" " * 2**20),
+], ids=["secret-not-utf8", "secret-huge", "timestamp-not-utf8", "timestamp-huge"])
+def test_a_bad_secret_or_timestamp_costs_the_class_nothing_and_feedback_gets_a_made_one(
+        file, data, root, monkeypatch):
+    """The parent reads both to write beside the feedback page, after the job: one that is
+    not what nbgrader writes is replaced there (a made time, a new secret), the others go on."""
+    for learner in ("ann", "bad", "cy"):
+        hand_in(root, learner)
+    (root / "submitted" / "bad" / NAME / file).write_bytes(data)
+    fake, _ = graded_job(root)
+    monkeypatch.setattr(grading, "grade_one", fake)
+    summary = grading.grade_class(NAME, root=root, jobs=1, sandboxed=False,
+                                  say=lambda _: None)
+    assert sorted((o.student, o.graded) for o in summary.outcomes) == [
+        ("ann", True), ("bad", True), ("cy", True)]
+    feedback = root / "feedback" / "bad" / NAME
+    secret = (feedback / "submission_secret.txt").read_bytes()
+    stamp = (feedback / "timestamp.txt").read_bytes()
+    assert len(secret) == 128 and int(secret, 16) >= 0
+    assert len(stamp) < 64 and stamp.decode().endswith(" UTC")
+
+
+def test_a_result_that_cannot_be_recorded_is_that_learners_and_a_rerun_grades_it_alone(
+        root, monkeypatch):
+    for learner in ("ann", "bad", "cy"):
+        hand_in(root, learner)
+    fake, asked = graded_job(root)
+    monkeypatch.setattr(grading, "grade_one", fake)
+    really = grading.record
+
+    def record(gb, name, outcome):
+        if outcome.student == "bad" and outcome.graded:
+            raise OSError("disk I/O error")
+        return really(gb, name, outcome)
+
+    monkeypatch.setattr(grading, "record", record)
+    lines: list[str] = []
+    summary = grading.grade_class(NAME, root=root, jobs=1, sandboxed=False, say=lines.append)
+    assert sorted((o.student, o.graded) for o in summary.outcomes) == [
+        ("ann", True), ("bad", False), ("cy", True)]
+    assert "bad: NOT GRADED: its result could not be recorded: OSError: disk I/O error" in (
+        "\n".join(lines))
+    assert rows(root) == {"ann": (9.0, False), "bad": (0.0, True), "cy": (9.0, False)}
+    state = json.loads((root / ".dpmp_grading" / f"{NAME}.json").read_text())
+    assert state["ann"]["fingerprint"] and state["cy"]["fingerprint"]
+    assert state["bad"]["fingerprint"] == "" and "disk I/O error" in state["bad"]["reason"]
+    assert not (root / "autograded" / "bad" / NAME).exists()
+    assert (root / "autograded" / "cy" / NAME).is_dir()
+    monkeypatch.setattr(grading, "record", really)
+    asked.clear()
+    again = grading.grade_class(NAME, root=root, jobs=1, sandboxed=False, say=lambda _: None)
+    assert asked == ["bad"] and sorted(again.skipped) == ["ann", "cy"]
+    assert rows(root)["bad"] == (9.0, False)
+
+
+def test_an_autograded_notebook_bigger_than_its_limits_allow_is_not_installed(
+        root, monkeypatch):
+    """With 1 MiB of output, a notebook of about 100 KiB may grow to 13.1 MiB (its output
+    as the file spells it, at most 12 bytes a character, and nbgrader's metadata)."""
+    hand_in(root, "ann")
+    fake, _ = graded_job(root, notebook_bytes=20 * 2**20)
+    monkeypatch.setattr(grading, "grade_one", fake)
+    [outcome] = grading.grade_class(NAME, root=root, jobs=1, sandboxed=False,
+                                    limits=Limits(notebook_output_mb=1),
+                                    say=lambda _: None).outcomes
+    assert not outcome.graded and outcome.reason.startswith(
+        "its autograded notebook is 20.0 MiB, more than its submission and the notebook "
+        "output limit allow (13.1 MiB)"), outcome.reason
+    assert not (root / "autograded" / "ann" / NAME).exists() and rows(root) == {
+        "ann": (0.0, True)}
