@@ -160,8 +160,9 @@ def stopped_here(summary: grading.Summary) -> set[str]:
 
 
 # what an attacker reads of the checkout the grader runs from (on the grader's PYTHONPATH)
-CHECKOUT = [str(ROOT / p) for p in (f"solutions/{NAME}/{NAME}.ipynb",
-                                     f"tests/course_variants/{NAME}.py", ".git/HEAD")]
+CHECKOUT = [str(ROOT / p)
+            for p in (f"solutions/{NAME}/{NAME}.ipynb", f"tests/course_variants/{NAME}.py",
+                      ".git/HEAD")]
 
 
 def reach(root: Path) -> str:

@@ -48,7 +48,7 @@ LAYERS = {
     "launcher.lines": 0, "launcher.serialize": 0, "launcher.processes": 0, "launcher.cores": 0,
     "launcher.hints": 0, "launcher.flight": 0,
     "instructor.scan": 0, "instructor.sandbox": 0, "instructor.limits": 0,
-    "instructor.nbgrader_steps": 0,
+    "instructor.nbgrader_steps": 0, "instructor.submitted": 0,
     "instructor.server_paths": 0, "harness.cells": 0,
     # 1: what a rank knows and records
     "context": 1, "trace": 1, "launcher.audit": 1, "launcher.collective_inputs": 1,

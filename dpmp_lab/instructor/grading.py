@@ -19,7 +19,10 @@ ranks); one whose nbgrader fails (the kernel died) is recorded with zero points 
 cell and flagged for manual grading, and the summary says why. A submission graded before and
 unchanged since (same files, same assignment source) is skipped unless `force`.
 One job (grading_job.py) never writes outside its scratch root; this module is the other half
-of that protocol: the one writer.
+of that protocol: the one writer. A failure while keeping one result (`_keep`: the gradebook,
+its folders, the state file) costs that learner alone, who is graded again on the next run.
+Why it stays whole: it is everything that writes into the course root, and the steps kept for
+one result, undone together when one fails, read best side by side.
 """
 
 from __future__ import annotations
@@ -41,9 +44,10 @@ from nbgrader.api import Gradebook, MissingEntry
 from sqlalchemy.exc import SAWarning
 
 from dpmp_lab._helpers import whole_number
-from dpmp_lab.instructor import sandbox
+from dpmp_lab.instructor import sandbox, submitted
 from dpmp_lab.instructor.course import assignments, gradebook_url, nbgrader, repo_root
 from dpmp_lab.instructor.grading_job import (
+    MAX_FILES,
     Graded,
     LiveJobs,
     Settings,
@@ -51,11 +55,11 @@ from dpmp_lab.instructor.grading_job import (
     grade_one,
     open_gradebook,
 )
-from dpmp_lab.instructor.limits import Cgroups, Limits, held_text
+from dpmp_lab.instructor.limits import MIB, Cgroups, Limits, held_text
+from dpmp_lab.instructor.submitted import SECRET, TIMESTAMP, NotData
 from dpmp_lab.launcher.launch import usable_cores
 
 STATE = ".dpmp_grading"        # {assignment}.json: what was graded, from which files
-TIMESTAMP, SECRET = "timestamp.txt", "submission_secret.txt"   # nbgrader's, per submission
 UNSANDBOXED = ("WARNING: grading WITHOUT the sandbox (--no-sandbox): every submission's code "
                "runs as this user, able to read and change the gradebook, solutions/, "
                "nbgrader_config.py and other learners' work, and to leave processes behind. "
@@ -120,41 +124,60 @@ def record(gb: Gradebook, name: str, outcome: Graded) -> tuple[float, float]:
     return sub.score, sub.late_submission_penalty or 0.0
 
 
-def _install(root: Path, name: str, outcome: Graded) -> None:
+def _install(root: Path, name: str, outcome: Graded, limits: Limits | None = None) -> None:
     """Put the job's autograded notebook and feedback in the course's folders (or remove
     stale ones, when this grading failed). Feedback is the notebooks' HTML pages and the two
     files `nbgrader release_feedback` reads (feedback_receipt), nothing else: nbgrader would
-    also copy every file of the graded folder, learner-made or not."""
+    also copy every file of the graded folder, learner-made or not. The autograded folder is
+    copied as data, within what its submission and the output limit allow (NotData: it is
+    bigger)."""
     for kind in ("autograded", "feedback"):
         dest = root / kind / outcome.student / name
-        earlier = {f: (dest / f).read_text() for f in (TIMESTAMP, SECRET) if (dest / f).is_file()}
+        earlier = {f: text for f in (TIMESTAMP, SECRET)
+                   if (text := submitted.small_text(dest, f)) is not None}
         if dest.exists():
             shutil.rmtree(dest)
         made = outcome.scratch / kind / outcome.student / name if outcome.scratch else None
         if outcome.graded and made and made.is_dir():
             dest.parent.mkdir(parents=True, exist_ok=True)
             if kind == "autograded":
-                shutil.copytree(made, dest)
+                _install_autograded(made, dest, outcome, root / "solutions" / name,
+                                    limits or Limits())
                 continue
             dest.mkdir()
             for page in made.glob("*.html"):
                 shutil.copy(page, dest / page.name)
-            submitted = root / "submitted" / outcome.student / name
-            for file, text in feedback_receipt(submitted, outcome.timestamp, earlier).items():
+            handed = root / "submitted" / outcome.student / name
+            for file, text in feedback_receipt(handed, outcome.timestamp, earlier).items():
                 (dest / file).write_text(text)
 
 
-def feedback_receipt(submitted: Path, when: datetime | None,
+def _install_autograded(made: Path, dest: Path, outcome: Graded, source: Path,
+                        limits: Limits) -> None:
+    bound = limits.autograded_bytes(outcome.size + sum(
+        p.stat().st_size for p in source.rglob("*") if p.is_file()))
+    size = submitted.check(made, max_files=MAX_FILES)
+    if size > bound:
+        raise NotData(f"its autograded notebook is {size / MIB:.1f} MiB, more than its "
+                      f"submission and the notebook output limit allow ({bound / MIB:.1f} MiB)")
+    submitted.copy_tree(made, dest, max_bytes=bound, max_files=MAX_FILES)
+
+
+def feedback_receipt(folder: Path, when: datetime | None,
                      earlier: dict[str, str] | None = None) -> dict[str, str]:
     """{timestamp.txt: ..., submission_secret.txt: ...} for a feedback folder: `nbgrader
-    release_feedback` reads both there and stops at the first folder without them. `nbgrader
-    collect` puts them in the submission; a submission placed by hand has neither, so its
-    time is the one graded (the gradebook's, else now) and its secret a new one, kept from
-    an earlier grading (`earlier`): its page is released under a name no Assignment List
-    asks for, since the learner never submitted through the exchange."""
+    release_feedback` reads both there and stops at the first folder without them (or with
+    a file that is not UTF-8). `nbgrader collect` puts them in the submission; a submission
+    placed by hand has neither, so its time is the one graded (the gradebook's, else now)
+    and its secret a new one, kept from an earlier grading (`earlier`): its page is released
+    under a name no Assignment List asks for, since the learner never submitted through the
+    exchange. A learner's file that is not what nbgrader writes (a link, too big, not UTF-8)
+    is read as absent: a time is then the one graded, a secret a new one (so that learner
+    alone misses the page)."""
     made = {TIMESTAMP: f"{when or datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S.%f} UTC",
             SECRET: secrets.token_hex(64)}
-    return {file: (submitted / file).read_text() if (submitted / file).is_file()
+    handed = {f: submitted.small_text(folder, f) for f in (TIMESTAMP, SECRET)}
+    return {file: handed[file] if handed[file] is not None
             else (earlier or {}).get(file) or made[file] for file in (TIMESTAMP, SECRET)}
 
 
@@ -215,6 +238,41 @@ def _outcome_of(future: Future, student: str) -> Graded:
                       reason=f"grading failed: {type(exc).__name__}: {exc}")
 
 
+def _keep(gb: Gradebook, root: Path, name: str, outcome: Graded, state: dict,
+          limits: Limits) -> tuple[Graded, tuple[float, float] | None]:
+    """Record one outcome, install its files and save the state file, as it arrives. A
+    failure in any of them is that learner's alone: the outcome becomes NOT GRADED (zero,
+    flagged for manual grading) with the failure as its reason, and the state file keeps no
+    fingerprint for it, so the next run grades it again. Returns the outcome kept and the
+    gradebook's (points, late penalty)."""
+    try:
+        recorded = record(gb, name, outcome)
+        _install(root, name, outcome, limits)
+        state[outcome.student] = _state_entry(outcome)
+        _save_state(root, name, state)
+        return outcome, recorded
+    except Exception as exc:
+        why = str(exc) if isinstance(exc, NotData) else (
+            f"its result could not be recorded: {type(exc).__name__}: {exc}")
+    gb.db.rollback()
+    failed = Graded(outcome.student, "", graded=False, reason=why, seconds=outcome.seconds,
+                    scratch=outcome.scratch)   # removed by the caller, never installed
+    state[failed.student] = _state_entry(failed)
+    for step in (lambda: record(gb, name, failed), lambda: _install(root, name, failed),
+                 lambda: _save_state(root, name, state)):
+        try:
+            step()
+        except Exception as exc:   # the next result saves the state again; a rerun regrades
+            gb.db.rollback()
+            failed.reason += f" (and then: {type(exc).__name__}: {exc})"
+    return failed, None
+
+
+def _state_entry(outcome: Graded) -> dict:
+    return {"fingerprint": outcome.fingerprint, "graded": outcome.graded,
+            "reason": outcome.reason, "flagged": outcome.flagged}
+
+
 def progress_line(done: int, total: int, outcome: Graded, running: int,
                   recorded: tuple[float, float] | None = None) -> str:
     """'[3/12] alice: graded, 7 points (14 s); 2 running', '... NOT GRADED: why' or
@@ -271,6 +329,7 @@ def grade_class(name: str, *, root: Path | None = None, jobs: int | None = None,
             raise ValueError(f"no submission of {name} in submitted/ for: {', '.join(missing)}")
         found = {s: p for s, p in found.items() if s in wanted}
     ensure_assignment(name, root)
+    limits = limits or Limits()
     state = _load_state(root, name)
     recorded = _still_recorded(root, name, found)
     source = root / "solutions" / name
@@ -278,7 +337,7 @@ def grade_class(name: str, *, root: Path | None = None, jobs: int | None = None,
     for student, folder in found.items():
         known = state.get(student, {})
         if (not force and student in recorded and known.get("fingerprint")
-                and known["fingerprint"] == fingerprint(folder, source)):
+                and known["fingerprint"] == fingerprint(folder, source, limits)):
             skipped.append(student)
         else:
             todo[student] = folder
@@ -286,7 +345,6 @@ def grade_class(name: str, *, root: Path | None = None, jobs: int | None = None,
     say(f"grading {name}: {len(todo)} submission(s) with {min(jobs, max(1, len(todo)))} "
         f"job(s)" + (f", {len(skipped)} unchanged since graded (--force regrades them)"
                      if skipped else ""))
-    limits = limits or Limits()
     run_id = uuid.uuid4().hex
     probe = Cgroups.create(limits)   # which limits this machine's cgroups can hold
     probe.kill_all()
@@ -317,20 +375,15 @@ def grade_class(name: str, *, root: Path | None = None, jobs: int | None = None,
                 while pending:
                     done, pending = wait(pending, return_when=FIRST_COMPLETED)
                     for future in done:
-                        outcome = _outcome_of(future, of[future])
-                        recorded = record(gb, name, outcome)
-                        _install(root, name, outcome)
-                        state[outcome.student] = {"fingerprint": outcome.fingerprint,
-                                                  "graded": outcome.graded,
-                                                  "reason": outcome.reason,
-                                                  "flagged": outcome.flagged}
-                        _save_state(root, name, state)
+                        outcome, recorded = _keep(gb, root, name,
+                                                  _outcome_of(future, of[future]), state,
+                                                  limits)
                         outcomes.append(outcome)
                         if outcome.scratch:
                             shutil.rmtree(outcome.scratch, ignore_errors=True)
                         say(progress_line(len(outcomes), len(todo), outcome,
                                           min(jobs, len(todo) - len(outcomes)), recorded))
-            except BaseException:   # Ctrl-C or a broken gradebook: stop every job, then say
+            except BaseException:   # Ctrl-C: stop every job, then say
                 for future in pending:
                     future.cancel()
                 while live.kill_all():

@@ -20,15 +20,19 @@ from datetime import datetime
 from pathlib import Path
 
 from nbgrader.api import Gradebook, MissingEntry
+from nbgrader.utils import parse_utc
 
 from dpmp_lab._helpers import PACKAGE_HOME
+from dpmp_lab.instructor import submitted
 from dpmp_lab.instructor.course import COURSE_ID, gradebook_url
-from dpmp_lab.instructor.limits import Cgroups, Limits, disk_used, enter_command
+from dpmp_lab.instructor.limits import MIB, Cgroups, Limits, disk_used, enter_command
 from dpmp_lab.instructor.nbgrader_steps import Step, command
+from dpmp_lab.instructor.submitted import TIMESTAMP, NotData
 from dpmp_lab.launcher import processes
 
 REPORT = "dpmp-report.json"   # what GuardedExecute found, in the job's scratch course
-MAX_FILES = 20000             # files a submission may make before its job is stopped
+MAX_FILES = 20000             # files a submission may make (or hold) before its job is stopped
+LOG_TAIL = 64 * 1024          # bytes of nbgrader's log read back: its last error is at the end
 
 
 @dataclass
@@ -48,6 +52,7 @@ class Graded:
     scratch: Path | None = None          # the job's course root: autograded/ and feedback/
     flagged: list[str] = field(default_factory=list)   # why it needs the instructor's eyes
     peak: dict[str, int] = field(default_factory=dict)  # memory_mb, tasks: the most it used
+    size: int = 0                        # bytes of the submission's files, as graded
 
 
 def open_gradebook(url: str) -> Gradebook:
@@ -59,15 +64,15 @@ def open_gradebook(url: str) -> Gradebook:
     return Gradebook(url, COURSE_ID)
 
 
-def fingerprint(folder: Path, source: Path) -> str:
+def fingerprint(folder: Path, source: Path, limits: Limits | None = None) -> str:
     """A hash of every file of a submission and of the assignment's source: what a grade was
-    computed from. Either changing means the grade may change."""
+    computed from. Either changing means the grade may change. Read as data (no link
+    followed), at most the disk limit of bytes from each: a submission bigger than that is
+    not graded whatever the bytes past it."""
     h = hashlib.sha256()
     for top in (folder, source):
-        for path in sorted(p for p in top.rglob("*") if p.is_file()):
-            if ".ipynb_checkpoints" in path.parts:
-                continue
-            h.update(str(path.relative_to(top)).encode() + b"\0" + path.read_bytes() + b"\0")
+        submitted.digest(top, h, max_bytes=(limits or Limits()).disk_mb * MIB + 1)
+        h.update(b"\0\0")
     return h.hexdigest()
 
 
@@ -169,7 +174,14 @@ def _run(steps: list[Step], scratch: Path, deadline: float, settings: Settings,
                     break
         finally:
             live.discard(running)
-    return (None if stopped else code), log.read_text(errors="replace"), stopped
+    return (None if stopped else code), _tail(log, LOG_TAIL), stopped
+
+
+def _tail(path: Path, size: int) -> str:
+    """The last `size` bytes of a file as text (the kernel's output may be any bytes)."""
+    with open(path, "rb") as f:
+        f.seek(max(0, f.seek(0, os.SEEK_END) - size))
+        return f.read(size).decode("utf-8", errors="replace")
 
 
 def _wait(proc: subprocess.Popen, seconds: float) -> int | None:
@@ -190,12 +202,35 @@ def _disk_over(folders: list[Path], limits: Limits) -> str:
 
 def _scratch_root(name: str, student: str, folder: Path, settings: Settings) -> Path:
     """A course root of the job's own, made of copies: the course's configuration (and this
-    job's settings), the assignment's source, the gradebook snapshot, the submission."""
+    job's settings), the assignment's source, the gradebook snapshot, the submission, copied
+    as data (NotData: it holds what `_accepted` refused, or its timestamp is unreadable)."""
     scratch = Path(tempfile.mkdtemp(prefix=f"{student[:40]}-", dir=settings.base))
-    shutil.copy(settings.gradebook, scratch / "gradebook.db")
-    shutil.copytree(settings.root / "solutions" / name, scratch / "solutions" / name)
-    shutil.copytree(folder, scratch / "submitted" / student / name)   # keeps the file times
+    try:
+        shutil.copy(settings.gradebook, scratch / "gradebook.db")
+        shutil.copytree(settings.root / "solutions" / name, scratch / "solutions" / name)
+        (scratch / "submitted" / student).mkdir(parents=True)
+        copy = scratch / "submitted" / student / name
+        submitted.copy_tree(folder, copy, max_bytes=settings.limits.disk_mb * MIB,
+                            max_files=MAX_FILES)   # keeps the file times
+        _check_timestamp(copy)   # the copy: what nbgrader reads, and no learner changes
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
     return scratch
+
+
+def _check_timestamp(folder: Path) -> None:
+    """NotData where the submission's timestamp.txt is one nbgrader's autograde cannot read
+    (it would stop on it). Not replaced: a made-up time would decide the late penalty."""
+    data = submitted.read_small(folder, TIMESTAMP)
+    if data is None or not data.strip():
+        return   # none: nbgrader grades it as on time, as a submission placed by hand
+    try:
+        parse_utc(data.decode("utf-8").strip())
+    except Exception as exc:   # dateutil raises more than ValueError on what a learner wrote
+        raise NotData(f"{TIMESTAMP} holds no time nbgrader can read ({type(exc).__name__}): "
+                      "hand in again through nbgrader (or the instructor removes it, which "
+                      "grades it as on time)") from exc
 
 
 def _job_config(settings: Settings, scratch: Path, sockets: str) -> str:
@@ -223,8 +258,17 @@ def _misnamed(folder: Path, name: str) -> str:
             "it can be graded)")
 
 
-def _size_of(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+def _accepted(name: str, folder: Path, limits: Limits) -> int:
+    """The bytes of the submission `folder`, checked as data before anything reads a file of
+    it; NotData says why it cannot be graded."""
+    size = submitted.check(folder, max_files=MAX_FILES)
+    misnamed = _misnamed(folder, name)
+    if misnamed:
+        raise NotData(misnamed)
+    if size > limits.disk_mb * MIB:
+        raise NotData(f"the submission is {size / MIB:.0f} MiB, over the disk limit of "
+                      f"{limits.disk_mb} MiB")
+    return size
 
 
 def grade_one(name: str, student: str, folder: Path, *, settings: Settings,
@@ -233,21 +277,17 @@ def grade_one(name: str, student: str, folder: Path, *, settings: Settings,
     settings say otherwise) in the sandbox, within the time and limits of `settings`. Never
     raises for the submission's own trouble: says it."""
     start = time.monotonic()
-    fp = fingerprint(folder, settings.root / "solutions" / name)
+    fp = fingerprint(folder, settings.root / "solutions" / name, settings.limits)
     live = LiveJobs() if live is None else live
-    misnamed = _misnamed(folder, name)
-    if misnamed:
-        return Graded(student, fp, graded=False, reason=misnamed)
-    size = _size_of(folder)
-    if size > settings.limits.disk_mb * 2**20:
-        return Graded(student, fp, graded=False, reason=(
-            f"the submission is {size / 2**20:.0f} MiB, over the disk limit of "
-            f"{settings.limits.disk_mb} MiB"))
-    scratch = _scratch_root(name, student, folder, settings)
+    try:
+        size = _accepted(name, folder, settings.limits)
+        scratch = _scratch_root(name, student, folder, settings)
+    except NotData as why:
+        return Graded(student, fp, graded=False, reason=str(why))
     sockets = tempfile.mkdtemp(prefix="dpk-")   # short: unix socket paths are ~107 bytes
     (scratch / "nbgrader_config.py").write_text(_job_config(settings, scratch, sockets))
     cgroups = Cgroups.create(settings.limits)
-    outcome = Graded(student, fp, graded=False, scratch=scratch)
+    outcome = Graded(student, fp, graded=False, scratch=scratch, size=size)
     watched = [scratch / "sandbox", Path(sockets)]
     extra = [f"--Execute.timeout={settings.cell_timeout}"] if settings.cell_timeout else []
     deadline = start + settings.timeout

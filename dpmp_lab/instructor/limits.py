@@ -49,6 +49,14 @@ class Limits:
         for name, value in asdict(self).items():
             whole_number(f"limit {name}", value)
 
+    def autograded_bytes(self, handed: int) -> int:
+        """The most an autograded folder may hold, where `handed` is the bytes of the
+        submission and of the assignment's source (nbgrader puts the hidden tests back): those,
+        the notebook's output as its file spells it (a character counted once takes up to 12
+        bytes there: an empty line is `"\\n",` on a line of its own, indented), and 1 MiB of
+        nbgrader's metadata."""
+        return handed + 12 * self.notebook_output_mb * MIB + MIB
+
     def describe(self) -> str:
         return (f"memory {self.memory_mb} MiB, {self.processes} processes, disk "
                 f"{self.disk_mb} MiB, output {self.cell_output_kb} KiB a cell and "
