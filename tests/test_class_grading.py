@@ -317,7 +317,8 @@ def test_a_failure_is_keyed_by_its_hints_else_by_its_masked_advice_or_message():
 
 def test_feedback_keeps_what_nbgrader_release_feedback_reads_and_no_learner_file(tmp_path):
     """Beside the feedback page: the submission's timestamp and secret (release_feedback reads
-    both and hands the learner the page alone), from the course's copy, nothing else."""
+    both and hands the learner the page alone), from the course's copy, nothing else: not a
+    learner's own .html (release_feedback would hand it out, to run in a browser)."""
     root = tmp_path / "root"
     handed = root / "submitted" / "ada_l17" / NAME
     handed.mkdir(parents=True)
@@ -328,8 +329,10 @@ def test_feedback_keeps_what_nbgrader_release_feedback_reads_and_no_learner_file
     made.mkdir(parents=True)
     (made / f"{NAME}.html").write_text("<html>feedback</html>")
     (made / "notes.txt").write_text("mine")
-    grading._install(root, NAME, grading_job.Graded("ada_l17", "", graded=True,
-                                                    scratch=tmp_path / "scratch"))
+    (made / "mine.html").write_text("<script>steal()</script>")
+    grading._install(root, NAME, grading_job.Graded(
+        "ada_l17", "", graded=True, scratch=tmp_path / "scratch",
+        scores={(NAME, "my_rows_tests"): (1.0, False)}))
     feedback = root / "feedback" / "ada_l17" / NAME
     assert sorted(p.name for p in feedback.iterdir()) == [
         f"{NAME}.html", "submission_secret.txt", "timestamp.txt"]

@@ -126,9 +126,9 @@ def record(gb: Gradebook, name: str, outcome: Graded) -> tuple[float, float]:
 
 def _install(root: Path, name: str, outcome: Graded, limits: Limits | None = None) -> None:
     """Put the job's autograded notebook and feedback in the course's folders (or remove
-    stale ones, when this grading failed). Feedback is the notebooks' HTML pages and the two
-    files `nbgrader release_feedback` reads (feedback_receipt), nothing else: nbgrader would
-    also copy every file of the graded folder, learner-made or not. The autograded folder is
+    stale ones, when this grading failed). Feedback is the graded notebooks' HTML pages and the
+    two files `nbgrader release_feedback` reads (feedback_receipt), nothing else: nbgrader
+    would also copy every file of the graded folder, learner-made or not. The autograded folder is
     copied as data, within what its submission and the output limit allow (NotData: it is
     bigger)."""
     for kind in ("autograded", "feedback"):
@@ -145,8 +145,13 @@ def _install(root: Path, name: str, outcome: Graded, limits: Limits | None = Non
                                     limits or Limits())
                 continue
             dest.mkdir()
-            for page in made.glob("*.html"):
-                shutil.copy(page, dest / page.name)
+            # the pages nbgrader wrote for the graded notebooks, never a learner's own .html
+            # (nbgrader copies every file of the submission into feedback/, and
+            # release_feedback would hand it out, to be opened in a browser)
+            for notebook in sorted({nb for nb, _ in outcome.scores}):
+                page = made / f"{notebook}.html"
+                if page.is_file() and not page.is_symlink():
+                    shutil.copy(page, dest / page.name)
             handed = root / "submitted" / outcome.student / name
             for file, text in feedback_receipt(handed, outcome.timestamp, earlier).items():
                 (dest / file).write_text(text)
