@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import signal
 import struct
 
@@ -22,7 +21,6 @@ from dpmp_lab.harness.allowed import ALLOWED
 from dpmp_lab.harness.codec import MAGIC, NotData, decode, encode
 from dpmp_lab.harness.plan import Kind, Where, plan
 from dpmp_lab.harness.remote import HarnessError, LearnerError, Link, Remote, rebuilt
-from dpmp_lab.instructor.two_kernels import read_bounded
 from dpmp_lab.launcher.failures import RankFailure, Reason
 
 # -- what crosses: data, decoded by an allowlist --------------------------------------------------
@@ -275,19 +273,3 @@ def test_a_launch_error_is_rebuilt_from_its_data():
     assert "rank 1 raised ValueError: bad" in str(err)
     assert type(rebuilt({"types": ["x.Y"], "message": "m"})) is LearnerError
     assert type(rebuilt("not a dict")) is HarnessError
-
-
-# -- the grader reads an answer as bytes, within a bound ----------------------------------------
-
-
-def test_an_answer_is_read_only_from_a_regular_file_within_its_bound(tmp_path):
-    (tmp_path / "ok").write_bytes(b"12345")
-    assert read_bounded(tmp_path / "ok", 5) == b"12345"
-    with pytest.raises(ValueError, match="over 4"):
-        read_bounded(tmp_path / "ok", 4)
-    (tmp_path / "link").symlink_to(tmp_path / "ok")
-    with pytest.raises(OSError):
-        read_bounded(tmp_path / "link", 100)
-    os.mkfifo(tmp_path / "fifo")
-    with pytest.raises(ValueError, match="not a regular file"):
-        read_bounded(tmp_path / "fifo", 100)

@@ -7,7 +7,7 @@
 The harness asks for the learner's names and calls the learner's functions through a unix socket
 to this process (`Relay`), which does each request as one line run in the learner's kernel
 (dpmp_lab/harness/agent.py) and answers with what that line wrote, read as bytes within a bound
-(a regular file, never followed through a link), and with the text the learner's code printed,
+(submitted.read_small: a regular file, never followed through a link), and with the text the learner's code printed,
 which counts against the test cell's output limit like any output. The learner's kernel and the
 harness never reach each other: they share no folder and no socket.
 """
@@ -19,7 +19,6 @@ import contextlib
 import json
 import os
 import shutil
-import stat
 import struct
 import tempfile
 from collections.abc import AsyncIterator, Callable
@@ -35,33 +34,12 @@ from nbformat import NotebookNode
 from dpmp_lab.harness.agent import ANSWER, REQUEST
 from dpmp_lab.harness.codec import MAX_BYTES
 from dpmp_lab.harness.plan import Plan, Where
-from dpmp_lab.instructor import sandbox
+from dpmp_lab.instructor import sandbox, submitted
 from dpmp_lab.instructor.sandbox_kernel import SandboxedKernelManager
 
 FRAME = struct.Struct(">Q")
 SOCKET = "relay"          # the relay's socket, in the harness's socket folder
 RELAYED_TEXT = 1 << 20    # characters of the learner's printing that one request passes on
-
-
-def read_bounded(path: Path, limit: int) -> bytes:
-    """A regular file's bytes, refusing a link, anything else than a file, or more than `limit`
-    bytes (OSError / ValueError saying which)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ValueError(f"{path.name} is not a regular file")
-        if info.st_size > limit:
-            raise ValueError(f"{path.name} holds {info.st_size} bytes, over {limit}")
-        chunks, size = [], 0
-        while chunk := os.read(fd, min(1 << 20, limit + 1 - size)):
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > limit:
-                raise ValueError(f"{path.name} grew past {limit} bytes")
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
 
 
 async def run_step(client: NotebookClient, source: str, index: int) -> NotebookNode:
@@ -196,13 +174,15 @@ class Relay:
                 asked.unlink()
         outputs, error = _relayed(step.outputs)
         try:
-            answer = read_bounded(answered, MAX_BYTES) if not error else b""
-        except (OSError, ValueError) as exc:
-            error = f"the learner's kernel wrote no answer ({exc})"
-            answer = b""
+            answer = b"" if error else submitted.read_small(self.exchange, answered.name,
+                                                             MAX_BYTES)
+        except (OSError, submitted.NotData) as exc:
+            error, answer = f"the learner's kernel wrote no answer ({exc})", b""
         finally:
             with contextlib.suppress(OSError):
                 answered.unlink()
+        if answer is None:
+            error, answer = "the learner's kernel wrote no answer", b""
         if error:
             return {"ok": False, "error": error, "outputs": outputs}, b""
         return {"ok": True, "outputs": outputs}, answer
@@ -294,4 +274,4 @@ async def run_notebook(learner: NotebookClient, harness: HarnessClient, relay: R
 
 
 __all__ = ["SOCKET", "HarnessClient", "Relay", "harness_beside", "harness_manager", "install_line",
-           "read_bounded", "run_notebook", "run_step", "update_display"]
+           "run_notebook", "run_step", "update_display"]
