@@ -95,7 +95,8 @@ def my_rows(n, rank, world):
 TRANSFORMER = ('%config InteractiveShell.ast_node_interactivity = "last_expr"\n'
                "import IPython.display\n"
                "_sh = IPython.get_ipython()\n_seen = []\n"
-               "def _keep(lines):\n    _seen.append(''.join(lines))\n    return ['pass\\n']\n"
+               "def _keep(lines):\n    if 'SEEN' in ''.join(lines):\n        return lines\n"
+               "    _seen.append(''.join(lines))\n    return ['pass\\n']\n"
                "_keep.__module__ = 'IPython.core.inputtransformer2'\n"
                "getattr(_sh, 'input_transformers' + '_post').append(_keep)\n")
 SEEN = ("import base64\n_sh.input_transformers_post.clear()\n"
@@ -130,7 +131,10 @@ DISK = ('with open("big.bin", "wb") as f:\n    for _ in range(150):\n'
 SHM = DISK.replace('"big.bin"', '"/dev/shm/big.bin"')
 WIDGETS = ("import ipywidgets\nfor _ in range(5):\n"
            "    display(ipywidgets.Image(value=b'\\0' * 20 * 2**20, format='png'))\n")
-NEWLINES = ("import os\nfor _ in range(100):\n    os.write(1, b'\\n' * 2**20)\n"
+# the kernel's own standard output, which ipykernel keeps aside when it sends fd 1 to the
+# notebook, and bwrap's (pid 1's): neither is the notebook's, so the output limit never sees it
+NEWLINES = ("import os, sys\nown = getattr(sys.stdout, '_original_stdstream_copy', None)\n"
+            "for _ in range(100):\n    os.write(own if own is not None else 2, b'\\n' * 2**20)\n"
             "try:\n    with open('/proc/1/fd/1', 'wb') as out:\n"
             "        out.write(b'\\n' * 2**20)\nexcept OSError:\n    pass\n")
 FORK = "import subprocess\nkids = [subprocess.Popen(['sleep', '30']) for _ in range(200)]\n"
@@ -159,10 +163,9 @@ def stopped_here(summary: grading.Summary) -> set[str]:
             and not (learner == "mal_fork" and "processes: cgroup" not in held)}
 
 
-# what an attacker reads of the checkout the grader runs from (on the grader's PYTHONPATH)
-CHECKOUT = [str(ROOT / p)
-            for p in (f"solutions/{NAME}/{NAME}.ipynb", f"tests/course_variants/{NAME}.py",
-                      ".git/HEAD")]
+# what an attacker reads of the checkout the grader runs from (on the grader's PYTHONPATH),
+# found from where the package lies (its source names no path of the server)
+CHECKOUT = (f"solutions/{NAME}/{NAME}.ipynb", f"tests/course_variants/{NAME}.py", ".git/HEAD")
 
 
 def reach(root: Path) -> str:
@@ -172,8 +175,9 @@ def reach(root: Path) -> str:
                                        f"submitted/{VICTIM}/{NAME}/{NAME}.ipynb")]
     return f'''import glob, json, os, socket, subprocess, sys
 TARGETS = {targets!r}
+CHECKOUT = [os.path.join(os.path.dirname(os.path.dirname(dl.__file__)), p) for p in {CHECKOUT!r}]
 found = {{}}
-for path in TARGETS + {CHECKOUT!r} + [{str(root)!r}, {str(root / "submitted")!r}]:
+for path in TARGETS + CHECKOUT + [{str(root)!r}, {str(root / "submitted")!r}]:
     try:
         if os.path.isdir(path):
             found[path] = "LISTED " + " ".join(os.listdir(path))

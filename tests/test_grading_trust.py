@@ -68,13 +68,19 @@ def test_nothing_outside_a_job_is_read_or_changed(graded_class):
     for path, digest in graded_class["before"].items():
         assert tree_hash(root / path) == digest, f"{path} changed"
     assert b"pwned" not in (root / "gradebook.db").read_bytes()
-    page = (root / "feedback" / "mal_reach" / NAME / f"{NAME}.html").read_text()
-    found = re.findall(r"REACH (\{.*?\})\s*<", html.unescape(page).replace("\n", " "))
-    assert found, "the attacker's report is missing from its own feedback"
+    # what the attacker printed, as the instructor's autograded notebook keeps it (its
+    # feedback masks the server's paths)
+    graded = nbformat.read(root / "autograded" / "mal_reach" / NAME / f"{NAME}.ipynb",
+                           as_version=4)
+    printed = "".join(o.get("text", "") for c in graded.cells for o in c.get("outputs", [])
+                      if o.get("output_type") == "stream")
+    found = re.findall(r"REACH (\{.*?\})\n", printed)
+    assert found, "the attacker's report is missing from its own autograded notebook"
     reach = json.loads(found[-1])
     course_paths = [p for p in reach if p.startswith(str(root.resolve()))]
     assert len(course_paths) == 6
-    for path in course_paths + CHECKOUT:   # the course root and the checkout are not there
+    checkout = [str(ROOT / p) for p in CHECKOUT]
+    for path in course_paths + checkout:   # the course root and the checkout are not there
         assert reach[path] == "FileNotFoundError", (path, reach[path])
     assert reach["network"] != "CONNECTED" and reach["other jobs"] == []
     assert reach["environ"] != "GRADER" and reach["memory"] != "WRITABLE", reach

@@ -233,12 +233,12 @@ def _check_timestamp(folder: Path) -> None:
                       "grades it as on time)") from exc
 
 
-def _job_config(settings: Settings, scratch: Path, sockets: str) -> str:
+def _job_config(settings: Settings, scratch: Path, sockets: str, harness: str) -> str:
     """The course's nbgrader_config.py, then what this job adds (dpmp_lab.instructor.nbgrader_plugin)."""
     job = {"sandbox": settings.sandbox, "report_path": str(scratch / REPORT),
            "cell_output_bytes": settings.limits.cell_output_kb * 1024,
            "notebook_output_bytes": settings.limits.notebook_output_mb * 2**20,
-           "job_dir": str(scratch / "sandbox"), "socket_dir": sockets,
+           "job_dir": str(scratch / "sandbox"), "socket_dir": sockets, "harness_dir": harness,
            "hidden": [str(settings.root), str(settings.base)]}
     return ((settings.root / "nbgrader_config.py").read_text()
             + "\n\n# -- added by `dpmp-lab grade` for this one job\n"
@@ -285,10 +285,11 @@ def grade_one(name: str, student: str, folder: Path, *, settings: Settings,
     except NotData as why:
         return Graded(student, fp, graded=False, reason=str(why))
     sockets = tempfile.mkdtemp(prefix="dpk-")   # short: unix socket paths are ~107 bytes
-    (scratch / "nbgrader_config.py").write_text(_job_config(settings, scratch, sockets))
+    harness = tempfile.mkdtemp(prefix="dph-")   # the harness's, as short
+    (scratch / "nbgrader_config.py").write_text(_job_config(settings, scratch, sockets, harness))
     cgroups = Cgroups.create(settings.limits)
     outcome = Graded(student, fp, graded=False, scratch=scratch, size=size)
-    watched = [scratch / "sandbox", Path(sockets)]
+    watched = [scratch / "sandbox", Path(sockets), Path(harness)]
     extra = [f"--Execute.timeout={settings.cell_timeout}"] if settings.cell_timeout else []
     deadline = start + settings.timeout
     try:
@@ -302,6 +303,7 @@ def grade_one(name: str, student: str, folder: Path, *, settings: Settings,
     finally:
         cgroups.kill_all()
         shutil.rmtree(sockets, ignore_errors=True)
+        shutil.rmtree(harness, ignore_errors=True)
         shutil.rmtree(scratch / "sandbox", ignore_errors=True)
     outcome.seconds = time.monotonic() - start
     outcome.flagged = list(report.get("forgery") or [])

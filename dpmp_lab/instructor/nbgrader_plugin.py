@@ -134,6 +134,8 @@ class GuardedExecute(Execute):
                                     help="Output bytes a notebook may send").tag(config=True)
     report_path = Unicode("", help="Where to write what this run found, as JSON, for "
                           "`dpmp-lab grade` (empty: nowhere)").tag(config=True)
+    harness_dir = Unicode("", help="A short empty folder for the harness's sockets, which its "
+                          "maker removes (default: a new temporary one)").tag(config=True)
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -175,7 +177,8 @@ class GuardedExecute(Execute):
                         "extra_arguments": list(self.extra_arguments),
                         "store_widget_state": False,
                         "raise_on_iopub_timeout": self.raise_on_iopub_timeout}
-            async with harness_beside(self, the_plan.learner_names, self._count,
+            folder = Path(self.harness_dir) if self.harness_dir else None
+            async with harness_beside(self, the_plan.learner_names, self._count, folder,
                                       **settings) as (harness, relay):
                 await run_notebook(self, harness, relay, the_plan)
 
@@ -306,7 +309,7 @@ def configure(c: Any, job: dict | None = None) -> None:
     job = job or {}
     if "sandbox" in job:
         c.GuardedExecute.sandbox = bool(job["sandbox"])
-    for key in ("cell_output_bytes", "notebook_output_bytes", "report_path"):
+    for key in ("cell_output_bytes", "notebook_output_bytes", "report_path", "harness_dir"):
         if key in job:
             setattr(c.GuardedExecute, key, job[key])
     for key in ("job_dir", "socket_dir", "hidden"):

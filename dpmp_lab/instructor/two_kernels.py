@@ -224,11 +224,15 @@ def harness_manager(learner: AsyncKernelManager, folder: Path, kernel_name: str)
 @contextlib.asynccontextmanager
 async def harness_beside(learner: NotebookClient, names: frozenset[str],
                          process: Callable[[dict, Any, int], None] = lambda *_: None,
+                         folder: Path | None = None,
                          **settings: Any) -> AsyncIterator[tuple[HarnessClient, Relay]]:
     """The harness started beside the learner's kernel (started already), the relay between
     them, and the harness installed, asking for the learner's `names`. `process` sees every
-    message of the harness first (output limits); `settings` are the harness client's."""
-    folder = Path(tempfile.mkdtemp(prefix="dph-"))   # short: socket paths are ~107 bytes
+    message of the harness first (output limits); `folder`: a short empty one for the
+    harness's sockets, which its maker removes (default: a new temporary one, removed here);
+    `settings` are the harness client's."""
+    made = folder is None
+    folder = Path(tempfile.mkdtemp(prefix="dph-")) if made else folder   # socket paths: ~107
     try:
         manager = harness_manager(learner.km, folder, learner.kernel_name or "python3")
         harness = HarnessClient(learner.nb, manager, process, **settings)
@@ -248,7 +252,8 @@ async def harness_beside(learner: NotebookClient, names: frozenset[str],
                                        + "\n".join(errors[0].traceback))
                 yield harness, relay
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        if made:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 async def run_notebook(learner: NotebookClient, harness: HarnessClient, relay: Relay,
