@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import glob
+import json
 import os
 import sys
 from html.parser import HTMLParser
@@ -15,11 +16,14 @@ import nbformat
 import pytest
 from nbconvert.filters.markdown_mistune import markdown2html_mistune
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
+from nbgrader.converters import Autograde
 from traitlets.config import Config
 
 import dpmp_lab as dl
+from dpmp_lab.instructor import nbgrader_plugin
 from dpmp_lab.instructor.inert import (
     FEEDBACK_CSP,
+    InertFeedbackExporter,
     InertNotebook,
     inert_data,
     inert_notebook,
@@ -43,6 +47,7 @@ from dpmp_lab.render import Table
 from .conftest import ROOT
 from .inert_vectors import (
     ASSIGNMENT,
+    HIDDEN,
     MARK,
     MARKDOWN,
     NOTEBOOK,
@@ -365,6 +370,33 @@ def test_inert_notebook_finds_the_gradebook_from_formgrader_s_page(course_root):
     nb, _ = InertNotebook(config=elsewhere).preprocess(vector_notebook(), resources)
     assert nb.cells[0].source == shown_as_source(OWN_INTRO)
     assert list((course_root / "elsewhere").iterdir()) == []   # no gradebook made there
+
+
+def test_configure_makes_every_page_inert():
+    c = Config()
+    nbgrader_plugin.configure(c)
+    autograde = c.Autograde.autograde_preprocessors
+    assert autograde[-1] is InertNotebook   # the autograded notebook is written inert
+    assert autograde[:-1] == nbgrader_plugin.autograde_preprocessors(
+        Autograde.class_traits()["autograde_preprocessors"].default())[:-1]
+    feedback = c.GenerateFeedback.preprocessors
+    assert feedback.index(InertNotebook) == feedback.index(nbgrader_plugin.HideHiddenTests) + 1
+    assert c.GenerateFeedback.exporter_class is InertFeedbackExporter
+    assert c.InertFeedbackExporter.preprocessors == []
+    assert c.HTMLExporter.preprocessors == [InertNotebook]   # formgrader's exporter
+    assert c.HTMLExporter.exclude_anchor_links is True
+
+
+def test_hidden_lines_are_masked_in_html_that_autograde_made_inert():
+    test = new_code_cell(f"### BEGIN HIDDEN TESTS\n{HIDDEN}\n### END HIDDEN TESTS")
+    test.metadata["nbgrader"] = {"grade": True, "solution": False, "locked": True,
+                                 "grade_id": "t", "points": 1}
+    test.outputs = [new_output("display_data", data={"text/html": f"<pre>seen: {HIDDEN}</pre>",
+                                                     "text/plain": f"seen: {HIDDEN}"})]
+    nb = inert_notebook(new_notebook(cells=[test]))
+    assert as_cleaned(HIDDEN) in nb.cells[0].outputs[0].data["text/html"]
+    nb, _ = nbgrader_plugin.HideHiddenTests().preprocess(nb, {})
+    assert "secret_hidden_check" not in json.dumps(nb)
 
 
 def test_with_csp_puts_the_policy_first_in_the_head():
