@@ -9,6 +9,7 @@ import glob
 import json
 import os
 import sys
+import time
 from html.parser import HTMLParser
 from xml.etree.ElementTree import canonicalize
 
@@ -23,6 +24,9 @@ import dpmp_lab as dl
 from dpmp_lab.instructor import nbgrader_plugin
 from dpmp_lab.instructor.inert import (
     FEEDBACK_CSP,
+    RICH_BUDGET,
+    RICH_LIMIT,
+    Budget,
     InertFeedbackExporter,
     InertNotebook,
     inert_data,
@@ -33,6 +37,7 @@ from dpmp_lab.instructor.inert import (
 )
 from dpmp_lab.instructor.markup import (
     HTML_TAGS,
+    MAX_DEPTH,
     as_cleaned,
     clean_html,
     clean_svg,
@@ -143,6 +148,14 @@ def test_the_library_s_tables_and_labels_keep_their_look():
         assert style in cleaned, (style, cleaned)
 
 
+def test_html_nested_too_deep_to_clean_in_time_is_dropped_at_once():
+    started = time.monotonic()
+    assert clean_html("<div>" * 50_000) is None
+    assert clean_html("<b>" * (MAX_DEPTH + 1)) is None
+    assert clean_html("<b>" * MAX_DEPTH + "<br>" * 1000) is not None   # void elements close
+    assert time.monotonic() - started < 5   # html5lib alone: minutes
+
+
 def test_as_cleaned_is_how_clean_html_writes_a_line():
     line = "assert f(\"a\") < 3 and x > 2 & y == 'z'"
     assert as_cleaned(line) in clean_html(f"<pre>seen: {line}</pre>")
@@ -180,6 +193,7 @@ def test_clean_svg_keeps_the_shapes_and_drops_what_runs_links_or_fetches():
 
 @pytest.mark.parametrize("svg", [
     '<!DOCTYPE svg [<!ENTITY a "b">]><svg xmlns="http://www.w3.org/2000/svg">&a;</svg>',
+    '<svg xmlns="http://www.w3.org/2000/svg">' + "<g>" * 5000 + "</g>" * 5000 + "</svg>",
     "<svg><script>x</script></svg>", "<html><script>x</script></html>", "not a picture", ""])
 def test_clean_svg_refuses_a_document_with_a_dtd_or_that_is_no_svg(svg):
     assert clean_svg(svg) is None
@@ -250,6 +264,18 @@ def test_inert_data_makes_a_text_plain_when_there_is_none():
         "text/plain": "[output not shown: application/javascript]"}
     assert inert_data({"text/markdown": "<img src=x onerror=y>"})["text/plain"] == \
         "<img src=x onerror=y>"
+
+
+def test_rich_output_past_its_size_or_the_notebook_s_budget_is_dropped_for_its_text():
+    big = "<p>" + "x" * RICH_LIMIT + "</p>"
+    assert inert_data({"text/html": big}) == {"text/plain": "x" * RICH_LIMIT}
+    page = "<p>" + "y" * (RICH_LIMIT - 10) + "</p>"
+    outputs = [new_output("display_data", data={"text/html": page, "text/plain": "y"})
+               for _ in range(RICH_BUDGET // RICH_LIMIT + 1)]
+    made = inert_notebook(new_notebook(cells=[new_code_cell("y", outputs=outputs)]))
+    kept = ["text/html" in out.data for out in made.cells[0].outputs]
+    assert kept == [True] * (RICH_BUDGET // RICH_LIMIT) + [False]
+    assert Budget(10).allows("x" * 10) and not Budget(10).allows("x" * 11)
 
 
 def test_inert_output_rebuilds_each_kind_from_its_inert_parts():

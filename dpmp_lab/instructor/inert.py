@@ -6,9 +6,10 @@ HTML, SVG, JavaScript and markdown into both as they are.
 
 - outputs: text/plain always (made from the other forms when missing); PNG and JPEG, with a
   width and height only when they are numbers; text/html and image/svg+xml cleaned
-  (markup.py); text/markdown when it is inert as a learner's markdown cell. Everything else
-  (application/javascript, widget views, LaTeX, PDF, unknown types) goes. Streams and errors
-  are text, which the page escapes.
+  (markup.py); text/markdown when it is inert as a learner's markdown cell; those three up
+  to a size (RICH_LIMIT, RICH_BUDGET). Everything else (application/javascript, widget
+  views, LaTeX, PDF, unknown types) goes. Streams and errors are text, which the page
+  escapes.
 - markdown cells: the notebook's own (locked, and byte for byte the gradebook's source) as
   they are; a learner's when it is inert (markup.markdown_is_inert); any other, and every
   raw cell of the learner's, is shown as its source in a code block.
@@ -52,6 +53,25 @@ FEEDBACK_CSP = ("default-src 'none'; img-src data:; style-src 'unsafe-inline'; "
                 "font-src data:; base-uri 'none'; form-action 'none'")
 
 LEAVES_ATTRIBUTE = re.compile(r"[<>\"'&]")
+# Cleaning takes time, quadratic in places (a 290 kB table: 3.5 s), and formgrader spends it on
+# every view of a submission, so an output's HTML, SVG or markdown is cleaned up to this size,
+# and a notebook's up to this total; past them it is dropped (its text/plain stays). The
+# library's largest table is 40 kB.
+RICH_LIMIT = 100_000
+RICH_BUDGET = 1_000_000
+
+
+class Budget:
+    """Characters of rich output (HTML, SVG, markdown) still to clean in one notebook."""
+
+    def __init__(self, left: int = RICH_BUDGET) -> None:
+        self.left = left
+
+    def allows(self, text: str | None) -> bool:
+        if text is None or len(text) > min(RICH_LIMIT, self.left):
+            return False
+        self.left -= len(text)
+        return True
 
 
 def shown_as_source(source: str) -> str:
@@ -68,8 +88,10 @@ def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def inert_data(data: dict) -> dict:
-    """A display's MIME bundle with only what is inert (see the module's docstring)."""
+def inert_data(data: dict, budget: Budget | None = None) -> dict:
+    """A display's MIME bundle with only what is inert (see the module's docstring); `budget`:
+    the notebook's, shared by its outputs."""
+    budget = budget or Budget()
     kept: dict[str, Any] = {}
     for mime in RASTER:
         if _text(data.get(mime)) is not None:
@@ -77,12 +99,11 @@ def inert_data(data: dict) -> dict:
     html = _text(data.get("text/html"))
     markdown = _text(data.get("text/markdown"))
     svg = _text(data.get("image/svg+xml"))
-    if html is not None:
-        kept["text/html"] = clean_html(html)
-    if markdown is not None and markdown_is_inert(markdown):
-        kept["text/markdown"] = markdown
-    if svg is not None and clean_svg(svg) is not None:
-        kept["image/svg+xml"] = clean_svg(svg)
+    cleaned = {"text/html": clean_html(html) if budget.allows(html) else None,
+               "image/svg+xml": clean_svg(svg) if budget.allows(svg) else None,
+               "text/markdown": markdown if budget.allows(markdown)
+               and markdown_is_inert(markdown) else None}
+    kept.update((mime, value) for mime, value in cleaned.items() if value is not None)
     plain = _text(data.get("text/plain"))
     if plain is None:
         shown = text_of(html) if html else text_of(svg) if svg else markdown or ""
@@ -111,7 +132,7 @@ def _count(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def inert_output(out: Any) -> NotebookNode | None:
+def inert_output(out: Any, budget: Budget | None = None) -> NotebookNode | None:
     """The output rebuilt from its inert parts, or None for a kind nbformat does not know."""
     kind = out.get("output_type")
     if kind == "stream":
@@ -123,7 +144,8 @@ def inert_output(out: Any) -> NotebookNode | None:
                           evalue=_text(out.get("evalue")) or "", traceback=trace)
     if kind in ("display_data", "execute_result"):
         data = out.get("data") if isinstance(out.get("data"), dict) else {}
-        made = new_output(kind, data=inert_data(data), metadata=_sizes(out.get("metadata")))
+        made = new_output(kind, data=inert_data(data, budget),
+                          metadata=_sizes(out.get("metadata")))
         if kind == "execute_result":
             made.execution_count = _count(out.get("execution_count"))
         return made
@@ -160,7 +182,8 @@ def _raster(attachments: Any) -> dict:
     return {name: bundle for name, bundle in kept.items() if bundle}
 
 
-def inert_cell(cell: Any, own: dict[str, tuple[str, str]] | None) -> Any | None:
+def inert_cell(cell: Any, own: dict[str, tuple[str, str]] | None,
+               budget: Budget | None = None) -> Any | None:
     """The cell made inert in place (None: a cell type nbformat does not know, dropped)."""
     if cell.get("cell_type") not in ("code", "markdown", "raw"):
         return None
@@ -168,7 +191,9 @@ def inert_cell(cell: Any, own: dict[str, tuple[str, str]] | None) -> Any | None:
     if grade_id is not None and (not isinstance(grade_id, str) or LEAVES_ATTRIBUTE.search(grade_id)):
         del cell.metadata["nbgrader"]
     if cell.cell_type == "code":
-        cell.outputs = [o for o in map(inert_output, cell.get("outputs") or []) if o is not None]
+        budget = budget or Budget()
+        outputs = (inert_output(o, budget) for o in cell.get("outputs") or [])
+        cell.outputs = [o for o in outputs if o is not None]
         cell.execution_count = _count(cell.get("execution_count"))
         return cell
     if "attachments" in cell:
@@ -190,7 +215,8 @@ def inert_cell(cell: Any, own: dict[str, tuple[str, str]] | None) -> Any | None:
 def inert_notebook(nb: Any, own: dict[str, tuple[str, str]] | None = None) -> Any:
     """The notebook made inert in place; `own`: own_sources(), the cells allowed their markup."""
     nb.metadata.pop("widgets", None)
-    nb.cells = [c for c in (inert_cell(c, own) for c in nb.cells) if c is not None]
+    budget = Budget()
+    nb.cells = [c for c in (inert_cell(c, own, budget) for c in nb.cells) if c is not None]
     return nb
 
 
@@ -248,6 +274,6 @@ def configure(c: Any) -> None:
     c.HTMLExporter.exclude_anchor_links = True
 
 
-__all__ = ["FEEDBACK_CSP", "InertFeedbackExporter", "InertNotebook", "configure", "inert_cell",
+__all__ = ["FEEDBACK_CSP", "Budget", "InertFeedbackExporter", "InertNotebook", "configure", "inert_cell",
            "inert_data", "inert_notebook", "inert_output", "own_sources", "shown_as_source",
            "with_csp"]

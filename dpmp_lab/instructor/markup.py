@@ -56,6 +56,11 @@ SVG_ATTRIBUTES = frozenset({
     "refX", "refY", "marker-start", "marker-mid", "marker-end", "gradientUnits",
     "gradientTransform", "patternUnits", "patternTransform", "clip-path", "clipPathUnits"})
 LOCAL_REFERENCE = re.compile(r"\s*url\(\s*#[\w.-]+\s*\)\s*")
+# html5lib, under bleach, takes time quadratic in how many elements are open at once (8000
+# nested <div>s: 6 s); a learner's output nested deeper than this is not cleaned but dropped.
+MAX_DEPTH = 200
+VOID = frozenset({"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta",
+                  "param", "source", "track", "wbr"})
 URL_ATTRIBUTES = frozenset({"href", "src", "srcset", "action", "formaction", "poster",
                             "background", "data", "xlink:href"})
 
@@ -107,9 +112,12 @@ class _Styles:
         return "; ".join(kept)
 
 
-def clean_html(fragment: str) -> str:
+def clean_html(fragment: str) -> str | None:
     """The HTML `fragment` with only the allowlist's tags, attributes and styles; other tags
-    are escaped, so the page shows them as text (a script's code included) and runs none."""
+    are escaped, so the page shows them as text (a script's code included) and runs none.
+    None for a fragment nested deeper than MAX_DEPTH."""
+    if _read(fragment).deepest > MAX_DEPTH:
+        return None
     return bleach.clean(fragment, tags=HTML_TAGS, attributes=_html_attribute,
                         protocols={"http", "https", "mailto"}, strip=False,
                         strip_comments=True, css_sanitizer=_Styles())
@@ -127,11 +135,11 @@ def clean_svg(svg: str) -> str | None:
     document without a DTD."""
     try:
         root = parse_xml(svg, forbid_dtd=True)
-    except (ElementTree.ParseError, DefusedXmlException, ValueError):
-        return None
-    if root.tag != f"{{{SVG}}}svg":
-        return None
-    _prune(root)
+        if root.tag != f"{{{SVG}}}svg":
+            return None
+        _prune(root)
+    except (ElementTree.ParseError, DefusedXmlException, ValueError, RecursionError):
+        return None   # RecursionError: nested deeper than Python's stack (no picture is)
     root.set("xmlns", SVG)
     return ElementTree.tostring(root, encoding="unicode")
 
@@ -152,20 +160,30 @@ def _prune(element: ElementTree.Element) -> None:
 
 
 class _Reader(HTMLParser):
-    """What a page would show of some HTML: its text, and its attributes."""
+    """What a page would show of some HTML: its text, its attributes, and how many elements
+    were open at once at most (roughly: a parser's tree may close some earlier)."""
 
     def __init__(self) -> None:
         super().__init__(convert_charrefs=True)
         self.text: list[str] = []
         self.attributes: list[tuple[str, str, str]] = []
+        self.deepest = 0
+        self._open = 0
         self._hidden = 0
 
     def handle_starttag(self, tag: str, attrs: list) -> None:
         self.attributes += [(tag, name, value or "") for name, value in attrs]
+        if tag not in VOID:
+            self._open += 1
+            self.deepest = max(self.deepest, self._open)
         if tag in ("script", "style"):
             self._hidden += 1
 
+    def handle_startendtag(self, tag: str, attrs: list) -> None:
+        self.attributes += [(tag, name, value or "") for name, value in attrs]
+
     def handle_endtag(self, tag: str) -> None:
+        self._open = max(0, self._open - 1)
         if tag in ("script", "style") and self._hidden:
             self._hidden -= 1
 
