@@ -1,7 +1,7 @@
 """A graded notebook that holds every way a learner could get script into the feedback page or
 formgrader's page (tests/test_inert.py, tests/test_inert_pages.py). Each vector, if it runs,
 logs `PWNED:<name>` to the browser's console; the notebook's own cells and the gradebook that
-says which they are come with it."""
+says which they are come with it, and `live_parts`, what of a notebook a page would still run."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_outp
 from nbgrader.api import Gradebook
 from sqlalchemy.exc import SAWarning
 
+from dpmp_lab.instructor.markup import clean_html, clean_svg, markdown_is_inert
 from dpmp_lab.render import Table
 
 ASSIGNMENT, NOTEBOOK = "a1", "nb"
@@ -139,3 +140,29 @@ def gradebook(db_url: str, students: list[str]) -> dict[str, str]:
 VECTORS = frozenset([*MARKDOWN, "md-changed", "md-claimed", "raw", "html-script", "html-img",
                      "html-svg", "html-link", "svg-onload", "svg-script", "js", "mdout-img",
                      "mdout-link", "png-width", "widget-state", "stream"])
+
+
+def live_parts(nb: nbformat.NotebookNode, own: dict) -> list[str]:
+    """Every place of the notebook that a page would still render as live markup with a
+    vector in it: markdown that is not inert (the notebook's own allowed), HTML that cleaning
+    would change, outputs other than the inert kinds, widget state."""
+    found = ["widget state"] if "widgets" in nb.metadata else []
+    for cell in nb.cells:
+        mine = own.get(cell.metadata.get("nbgrader", {}).get("grade_id", "")) != (
+            "markdown", cell.source)
+        if cell.cell_type == "raw" or (cell.cell_type == "markdown" and mine
+                                       and not markdown_is_inert(cell.source)):
+            found.append(cell.source)
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            found += [m for m in data if m not in ("text/plain", "text/html", "image/png",
+                                                   "image/jpeg", "image/svg+xml",
+                                                   "text/markdown")]
+            if "text/html" in data and clean_html(data["text/html"]) != data["text/html"]:
+                found.append(data["text/html"])
+            if "image/svg+xml" in data and clean_svg(data["image/svg+xml"]) != \
+                    data["image/svg+xml"]:
+                found.append(data["image/svg+xml"])
+            if "text/markdown" in data and not markdown_is_inert(data["text/markdown"]):
+                found.append(data["text/markdown"])
+    return found

@@ -59,6 +59,7 @@ from .inert_vectors import (
     OWN,
     OWN_INTRO,
     gradebook,
+    live_parts,
     vector_notebook,
 )
 
@@ -296,36 +297,11 @@ def test_inert_output_rebuilds_each_kind_from_its_inert_parts():
 # -- a notebook ------------------------------------------------------------------------------
 
 
-def _runnable(nb) -> list[str]:
-    """Every place of the notebook that a page would still render as live markup with a
-    vector in it: markdown that is not inert (the notebook's own allowed), HTML that cleaning
-    would change, outputs other than the inert kinds, widget state."""
-    found = ["widget state"] if "widgets" in nb.metadata else []
-    for cell in nb.cells:
-        own = OWN.get(cell.metadata.get("nbgrader", {}).get("grade_id", ""))
-        if cell.cell_type == "raw" or (cell.cell_type == "markdown" and own != (
-                "markdown", cell.source) and not markdown_is_inert(cell.source)):
-            found.append(cell.source)
-        for out in cell.get("outputs", []):
-            data = out.get("data", {})
-            found += [m for m in data if m not in ("text/plain", "text/html", "image/png",
-                                                   "image/jpeg", "image/svg+xml",
-                                                   "text/markdown")]
-            if "text/html" in data and clean_html(data["text/html"]) != data["text/html"]:
-                found.append(data["text/html"])
-            if "image/svg+xml" in data and clean_svg(data["image/svg+xml"]) != \
-                    data["image/svg+xml"]:
-                found.append(data["image/svg+xml"])
-            if "text/markdown" in data and not markdown_is_inert(data["text/markdown"]):
-                found.append(data["text/markdown"])
-    return found
-
-
 def test_the_vector_notebook_is_live_before_and_inert_after():
     nb = vector_notebook()
-    assert len(_runnable(nb)) >= 15
+    assert len(live_parts(nb, OWN)) >= 15
     made = inert_notebook(copy.deepcopy(nb), OWN)
-    assert _runnable(made) == []
+    assert live_parts(made, OWN) == []
     assert made.cells[0].source == OWN_INTRO           # the notebook's own cell, as it was
     assert all(MARK in c.source for c in made.cells[1:11])   # each learner's cell, as its source
     assert [c.cell_type for c in made.cells] == ["markdown"] * 11 + ["code"] * 2

@@ -10,10 +10,13 @@ and bob's is what dpmp_lab's autograde writes (InertNotebook last).
   alone stops the script);
 - formgrader: a Jupyter server in each root, and its submission page for ada and bob: the
   course's formgrader makes ada's notebook inert as it renders it; bare formgrader shows
-  bob's inert as written.
+  bob's inert as written;
+- autograde: `nbgrader autograde` with the course's configuration, on a small assignment whose
+  learner wrote a vector cell and displayed HTML, JavaScript and markdown, writes the
+  notebook inert (no browser needed).
 
 Every page is loaded, every link in the notebook clicked, and the console watched for the
-vectors' `PWNED:` lines. Marked slow: it drives a browser (about 50 s on 2 cores). Pictures
+vectors' `PWNED:` lines. Marked slow: it drives a browser (about 60 s on 2 cores). Pictures
 of every page and the servers' logs go to test-artifacts/inert/.
 """
 
@@ -47,7 +50,17 @@ from .browser_pages import (
     wait_for,
 )
 from .conftest import ROOT
-from .inert_vectors import ASSIGNMENT, MARK, NOTEBOOK, VECTORS, gradebook, vector_notebook
+from .inert_vectors import (
+    ASSIGNMENT,
+    MARK,
+    MARKDOWN,
+    NOTEBOOK,
+    VECTORS,
+    gradebook,
+    live_parts,
+    log,
+    vector_notebook,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -260,3 +273,40 @@ def test_formgrader_page_runs_no_learner_script(courses, browser):
         page = visit(browser, courses[root].submission(student), f"{root}-formgrader-{student}")
         assert page.ran == set(), (root, student, sorted(page.ran))
         _shows_what_it_keeps(page)
+
+
+LEARNER_CODE = f"""from IPython.display import HTML, Javascript, Markdown, display
+display(HTML("<b>kept</b><script>{log('ag-html')}</script>"))
+display(Javascript("{log('ag-js')}"))
+display(Markdown("[a link](javascript:{log('ag-md')})"))"""
+
+
+def test_nbgrader_autograde_writes_the_notebook_inert(tmp_path, monkeypatch):
+    """The course's configuration in nbgrader's own autograde (the kernel outside the sandbox:
+    this learner's code is the test's): the learner's markdown shows as its source, their
+    outputs are cleaned, the notebook's own markup stays."""
+    monkeypatch.setenv("PATH", TOOLS)
+    (tmp_path / "nbgrader_config.py").write_text((ROOT / "nbgrader_config.py").read_text())
+    own = nbformat.v4.new_markdown_cell("# Intro, <b>own</b>")
+    own.metadata["nbgrader"] = {"grade": False, "solution": False, "locked": True,
+                                "task": False, "grade_id": "intro", "schema_version": 3}
+    source = nbformat.v4.new_notebook(cells=[own], metadata={"kernelspec": {
+        "name": "python3", "display_name": "Python 3", "language": "python"}})
+    (tmp_path / "solutions" / ASSIGNMENT).mkdir(parents=True)
+    nbformat.write(source, tmp_path / "solutions" / ASSIGNMENT / f"{NOTEBOOK}.ipynb")
+    nbgrader("generate_assignment", ASSIGNMENT, root=tmp_path)
+    handed_in = nbformat.read(tmp_path / "course" / ASSIGNMENT / f"{NOTEBOOK}.ipynb", 4)
+    handed_in.cells += [nbformat.v4.new_markdown_cell(MARKDOWN["md-img"]),
+                        nbformat.v4.new_code_cell(LEARNER_CODE)]
+    (tmp_path / "submitted" / "ada" / ASSIGNMENT).mkdir(parents=True)
+    nbformat.write(handed_in, tmp_path / "submitted" / "ada" / ASSIGNMENT / f"{NOTEBOOK}.ipynb")
+    nbgrader("autograde", ASSIGNMENT, "--create", "--GuardedExecute.sandbox=False",
+             root=tmp_path)
+    made = nbformat.read(tmp_path / "autograded" / "ada" / ASSIGNMENT / f"{NOTEBOOK}.ipynb", 4)
+    assert made.cells[0].source == own.source
+    assert made.cells[1].source.endswith(f"~~~\n{MARKDOWN['md-img']}\n~~~\n")
+    outputs = [out.get("data", {}) for out in made.cells[2].outputs]
+    assert [sorted(data) for data in outputs] == [["text/html", "text/plain"], ["text/plain"],
+                                                  ["text/plain"]], outputs
+    assert outputs[0]["text/html"].startswith("<b>kept</b>&lt;script&gt;")
+    assert live_parts(made, {"intro": ("markdown", own.source)}) == []
