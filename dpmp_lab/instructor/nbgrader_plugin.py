@@ -36,9 +36,10 @@ from nbgrader.preprocessors import ClearHiddenTests, Execute, GetGrades
 from traitlets import Bool, Integer, Unicode
 
 from dpmp_lab.harness.plan import Kind, Plan, plan
-from dpmp_lab.instructor import scan
+from dpmp_lab.instructor import inert, scan
 from dpmp_lab.instructor.grades_export import GradesExport
 from dpmp_lab.instructor.limits import Limits
+from dpmp_lab.instructor.markup import as_cleaned
 from dpmp_lab.instructor.sandbox_kernel import SandboxedKernelManager
 from dpmp_lab.instructor.server_paths import mask_paths, server_paths
 from dpmp_lab.instructor.two_kernels import harness_beside, run_notebook, update_display
@@ -236,6 +237,7 @@ class HideHiddenTests(ClearHiddenTests):
     def preprocess(self, nb: Any, resources: Any) -> tuple[Any, Any]:
         hidden = hidden_lines(nb, self.begin_test_delimeter, self.end_test_delimeter,
                               self.min_length)
+        hidden |= {as_cleaned(h) for h in hidden}   # as in HTML that autograde made inert
         nb, resources = super().preprocess(nb, resources)
         places = server_paths([(os.getcwd(), "<course>")])
         for cell in nb.cells:
@@ -290,12 +292,14 @@ def mask_output(out: Any, hidden: set[str]) -> None:
 
 
 def autograde_preprocessors(defaults: list) -> list:
-    """nbgrader's autograde preprocessors with GuardedExecute in place of Execute."""
-    return [GuardedExecute if p is Execute else p for p in defaults]
+    """nbgrader's autograde preprocessors with GuardedExecute in place of Execute, and
+    InertNotebook last: the autograded notebook, which formgrader shows, is written inert."""
+    return [GuardedExecute if p is Execute else p for p in defaults] + [inert.InertNotebook]
 
 
 def feedback_preprocessors() -> list:
-    return [GetGrades, HideHiddenTests, CSSHTMLHeaderPreprocessor]
+    """InertNotebook after HideHiddenTests, which masks hidden lines in HTML as it was made."""
+    return [GetGrades, HideHiddenTests, inert.InertNotebook, CSSHTMLHeaderPreprocessor]
 
 
 def configure(c: Any, job: dict | None = None) -> None:
@@ -305,6 +309,7 @@ def configure(c: Any, job: dict | None = None) -> None:
     c.Autograde.autograde_preprocessors = autograde_preprocessors(
         Autograde.class_traits()["autograde_preprocessors"].default())
     c.GenerateFeedback.preprocessors = feedback_preprocessors()
+    inert.configure(c)   # the feedback page's CSP, formgrader's page
     c.ExportApp.plugin_class = GradesExport   # plain `nbgrader export` writes dpmp_lab's CSV
     job = job or {}
     if "sandbox" in job:
