@@ -92,7 +92,7 @@ class Remote:
         return self._label.rpartition(".")[2]
 
     def __repr__(self) -> str:
-        return f"<the learner's {self._kind} {self._label}>"
+        return f"<your {self._kind} {self._label}>"
 
     def __copy__(self) -> Remote:
         return self
@@ -154,7 +154,7 @@ class Link:
         data = b"".join(chunks)
         return FRAME.unpack(data)[0] if unpack else data
 
-    def ask(self, request: dict, what: str = "the learner's kernel") -> Any:
+    def ask(self, request: dict, what: str = "your kernel") -> Any:
         """Send one request; replay what the learner's kernel printed meanwhile; the value it
         answered, decoded (what it raised is raised here)."""
         return self._reply(request, what).get("value")
@@ -172,14 +172,15 @@ class Link:
         header, answer = self._exchange(data)
         _replay(header.get("outputs", []))
         if not header.get("ok"):
-            raise HarnessError(header.get("error") or "the learner's kernel did not answer")
+            raise HarnessError(header.get("error") or "your kernel did not answer the grader")
         try:
             reply = decode(answer, ALLOWED, self.remote)
         except NotData as exc:
-            raise HarnessError(f"{what} answered with something that is not data: {exc}") \
-                from None
+            raise HarnessError(f"{what} gave the grader something it cannot read ({exc}): "
+                               "answers are numbers, strings, lists, tuples, dicts or tensors"
+                               ) from None
         if type(reply) is not dict:
-            raise HarnessError("the learner's kernel's answer is not a reply")
+            raise HarnessError("your kernel's answer to the grader is not one it sends")
         if "raised" in reply:
             raise rebuilt(reply["raised"])
         return reply
@@ -200,12 +201,12 @@ def _write_back(mine: list[torch.Tensor], changed: Any) -> None:
     if not changed:
         return
     if type(changed) is not list:
-        raise HarnessError("the learner's kernel's answer is not a reply")
+        raise HarnessError("your kernel's answer to the grader is not one it sends")
     with torch.no_grad():
         for item in changed:
             if not (type(item) is tuple and len(item) == 2 and type(item[0]) is int
                     and 0 <= item[0] < len(mine) and isinstance(item[1], torch.Tensor)):
-                raise HarnessError("the learner's kernel's answer is not a reply")
+                raise HarnessError("your kernel's answer to the grader is not one it sends")
             target, new = mine[item[0]], item[1]
             if target.shape != new.shape:
                 target.resize_(new.shape)
@@ -230,7 +231,7 @@ def _replay(outputs: Iterable[Any]) -> None:
 def rebuilt(info: Any) -> BaseException:
     """The exception an answer says the learner's code raised."""
     if type(info) is not dict:
-        return HarnessError("the learner's kernel's answer is not a reply")
+        return HarnessError("your kernel's answer to the grader is not one it sends")
     message = str(info.get("message", ""))
     where = str(info.get("traceback", "")).rstrip()
     launch = info.get("launch")

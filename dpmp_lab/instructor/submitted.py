@@ -259,8 +259,8 @@ def read_small(folder: Path, name: str, max_bytes: int = SMALL) -> bytes | None:
         fd = _open_file(entry)
         try:   # what fstat said, and one byte more: a file that grew since is refused
             chunks, size = [], 0
-            while size <= st.st_size and (chunk := os.read(fd, min(1 << 20,
-                                                                  st.st_size + 1 - size))):
+            while size <= st.st_size and (
+                    chunk := os.read(fd, min(1 << 20, st.st_size + 1 - size))):
                 chunks.append(chunk)
                 size += len(chunk)
             data = b"".join(chunks)

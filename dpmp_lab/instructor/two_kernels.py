@@ -153,7 +153,7 @@ class Relay:
 
     async def _do(self, request: bytes) -> tuple[dict, bytes]:
         if self.failure is not None:
-            return {"ok": False, "error": f"the learner's kernel is gone: {self.failure}"}, b""
+            return {"ok": False, "error": f"your kernel is gone: {self.failure}"}, b""
         self.requests += 1
         n = self.requests
         asked, answered = self.exchange / REQUEST.format(n), self.exchange / ANSWER.format(n)
@@ -165,7 +165,7 @@ class Relay:
             step = await run_step(self.learner, line, self.index)
         except DeadKernelError as exc:
             self.failure = exc
-            return {"ok": False, "error": "the learner's kernel died"}, b""
+            return {"ok": False, "error": "your kernel died"}, b""
         except Exception as exc:   # noqa: BLE001 - a limit hit: the grader raises it after
             self.failure = exc
             return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}, b""
@@ -174,15 +174,16 @@ class Relay:
                 asked.unlink()
         outputs, error = _relayed(step.outputs)
         try:
-            answer = b"" if error else submitted.read_small(self.exchange, answered.name,
-                                                             MAX_BYTES)
+            answer = (b"" if error
+                      else submitted.read_small(self.exchange, answered.name, MAX_BYTES))
         except (OSError, submitted.NotData) as exc:
-            error, answer = f"the learner's kernel wrote no answer ({exc})", b""
+            error, answer = f"your kernel wrote no answer to the grader's request ({exc})", b""
         finally:
             with contextlib.suppress(OSError):
                 answered.unlink()
         if answer is None:
-            error, answer = "the learner's kernel wrote no answer", b""
+            error, answer = ("your kernel ran the grader's request without answering it: a cell "
+                             "of yours changes what the kernel runs (an input transformer?)"), b""
         if error:
             return {"ok": False, "error": error, "outputs": outputs}, b""
         return {"ok": True, "outputs": outputs}, answer
@@ -200,7 +201,7 @@ def _relayed(outputs: list) -> tuple[list[dict], str]:
             text = out.get("data", {}).get("text/plain", "")
             relayed.append({"kind": "display", "text": text if isinstance(text, str) else ""})
         elif out.output_type == "error":
-            error = (f"the learner's kernel could not answer: {out.get('ename')}: "
+            error = (f"your kernel could not answer the grader: {out.get('ename')}: "
                      f"{out.get('evalue')}")
             continue
         size += len(relayed[-1]["text"])
