@@ -25,7 +25,12 @@ write in one solution cell (or one cell added), with the outcome that shows it h
   value from its caller's frame;
 - limits (STOPPED): a 50 MB line, 3 GiB of memory, a 150 MiB file, 150 MiB in /dev/shm, 200
   processes, 100 MiB of widget buffers; 100 MiB of newlines written to the kernel's own standard
-  output (FULL: a pipe whose tail the grader keeps).
+  output (FULL: a pipe whose tail the grader keeps);
+- files that are not data (LINKED: not graded, with the link named): the notebook a symbolic
+  link to the course's solution, and a folder with links to the gradebook and /etc/shadow; a
+  submission_secret.txt that is not UTF-8 (FULL: its own marks, the class recorded);
+- markup (FULL, and nothing of it live in its autograded notebook or its feedback page): a
+  learner's markdown and raw cells with script, HTML, SVG and JavaScript outputs.
 
 One honest learner (LATE) handed in through an exchange after the due date, which the course
 gives with nbgrader's penalty_method "zero": `nbgrader collect` leaves timestamp.txt and
@@ -141,10 +146,23 @@ FORK = "import subprocess\nkids = [subprocess.Popen(['sleep', '30']) for _ in ra
 
 FORGED = {"mal_snapshot": "library's code", "mal_frame": "call stack"}
 ZEROED = {"mal_shell", "mal_hidden_shell", "mal_transformer", "mal_subclass"}
-FULL = {"mal_reach", "mal_leak", "mal_newlines"}   # their own (right) answers, nothing more
+FULL = {"mal_reach", "mal_leak", "mal_newlines", "mal_secret", "mal_markup"}   # their answers'
+LINKED = {"mal_linked_notebook": "00_launch.ipynb is a symbolic link",
+          "mal_links": "is a symbolic link"}
 STOPPED = {"mal_flood": "output limit", "mal_memory": "memory limit", "mal_disk": "disk limit",
            "mal_shm": "disk limit", "mal_fork": "processes", "mal_widgets": "output limit"}
-ATTACKERS = {*FULL, *FORGED, *ZEROED, *STOPPED}
+ATTACKERS = {*FULL, *FORGED, *ZEROED, *STOPPED, *LINKED}
+# script in every place a page shows: outputs of the kinds a browser runs, a markdown cell and a
+# raw cell the learner added
+MARKUP = ("from IPython.display import HTML, SVG, Javascript, display\n"
+          "display(HTML('<b>x</b><script>console.log(\"PWNED:html\")</script>'"
+          "             '<img src=x onerror=\"console.log(1)\">'))\n"
+          "display(SVG('<svg xmlns=\"http://www.w3.org/2000/svg\" onload=\"console.log(2)\">'"
+          "            '<script>console.log(3)</script></svg>'))\n"
+          "display(Javascript('console.log(\"PWNED:js\")'))\n") + PREDICT
+MARKUP_CELLS = (("markdown", "<script>console.log('PWNED:md')</script>\n"
+                             "[click](javascript:console.log('PWNED:link'))"),
+                ("raw", "<script>console.log('PWNED:raw')</script>"))
 LIMITS = Limits(memory_mb=1536, processes=128, disk_mb=64, cell_output_kb=256,
                 notebook_output_mb=4)
 # a legitimate submission takes 10-40 s on the 2-core machine alone, and up to 90 s or more
@@ -166,6 +184,12 @@ def stopped_here(summary: grading.Summary) -> set[str]:
 # what an attacker reads of the checkout the grader runs from (on the grader's PYTHONPATH),
 # found from where the package lies (its source names no path of the server)
 CHECKOUT = (f"solutions/{NAME}/{NAME}.ipynb", f"tests/course_variants/{NAME}.py", ".git/HEAD")
+
+
+def not_graded_here(summary: grading.Summary) -> set[str]:
+    """Who this grading leaves not graded: the dead and the hung, the attackers a limit stops
+    on this machine, the links."""
+    return NOT_GRADED | stopped_here(summary) | set(LINKED)
 
 
 def reach(root: Path) -> str:
@@ -237,7 +261,23 @@ def attackers(root: Path) -> dict:
             "mal_newlines": {"predict": NEWLINES + PREDICT},
             "mal_flood": {"predict": FLOOD}, "mal_memory": {"predict": MEMORY},
             "mal_disk": {"predict": DISK}, "mal_shm": {"predict": SHM},
-            "mal_fork": {"predict": FORK}, "mal_widgets": {"predict": WIDGETS}}
+            "mal_fork": {"predict": FORK}, "mal_widgets": {"predict": WIDGETS},
+            "mal_secret": "solution", "mal_linked_notebook": "solution",
+            "mal_links": "solution", "mal_markup": ("solution", {"predict": MARKUP},
+                                                    *MARKUP_CELLS)}
+
+
+def links(root: Path) -> None:
+    """The LINKED attackers' folders (their notebooks handed in first), and the bad secret."""
+    linked = root / "submitted" / "mal_linked_notebook" / NAME / f"{NAME}.ipynb"
+    linked.unlink()
+    linked.symlink_to(root / "solutions" / NAME / f"{NAME}.ipynb")
+    folder = root / "submitted" / "mal_links" / NAME
+    (folder / "gradebook.db").symlink_to(root / "gradebook.db")
+    (folder / "data").mkdir()
+    (folder / "data" / "shadow").symlink_to("/etc/shadow")
+    (root / "submitted" / "mal_secret" / NAME / "submission_secret.txt").write_bytes(
+        b"\xff\xfe not utf-8 \xc3\x28")
 
 
 def course_root(path: Path) -> Path:
@@ -258,12 +298,14 @@ def notebook_of(handed, released: nbformat.NotebookNode) -> nbformat.NotebookNod
         return source_notebook(NAME)
     if handed == "release":
         return released
-    if isinstance(handed, tuple):   # cells of the release filled in, and a cell added
-        nb = copy.deepcopy(released)
+    if isinstance(handed, tuple):   # cells of the release (or solution) filled in, cells added
+        nb = copy.deepcopy(released if handed[0] == "release" else source_notebook(NAME))
         for cell in nb.cells:
             if cell.metadata.get("nbgrader", {}).get("grade_id") in handed[1]:
                 cell.source = handed[1][cell.metadata["nbgrader"]["grade_id"]]
-        nb.cells += [nbformat.v4.new_code_cell(added) for added in handed[2:]]
+        new = {"markdown": nbformat.v4.new_markdown_cell, "raw": nbformat.v4.new_raw_cell}
+        nb.cells += [new[added[0]](added[1]) if isinstance(added, tuple)
+                     else nbformat.v4.new_code_cell(added) for added in handed[2:]]
         return nb
     return with_replacements(source_notebook(NAME), handed)
 
@@ -307,6 +349,7 @@ def grade_the_class(base: Path) -> dict:
     for learner, (stamp, secret) in LATE.items():
         (two / "submitted" / learner / NAME / "timestamp.txt").write_text(stamp)
         (two / "submitted" / learner / NAME / "submission_secret.txt").write_text(secret)
+    links(two)
     grading.ensure_assignment(NAME, two)
     with grading_job.open_gradebook(course.gradebook_url(two)) as gb:
         gb.update_or_create_assignment(NAME, duedate=DUE)

@@ -51,8 +51,8 @@ from .grading_class import (
     ZEROED,
     course_root,
     hand_in,
+    not_graded_here,
     run_processes,
-    stopped_here,
 )
 from .notebook_sources import source_notebook
 
@@ -82,7 +82,7 @@ def test_jobs_1_and_jobs_2_give_identical_gradebooks(graded):
 
 
 def test_a_hang_and_a_dead_kernel_cost_their_own_time_and_say_so(graded):
-    for key, expected in (("summary_two", NOT_GRADED | stopped_here(graded["summary_two"])),
+    for key, expected in (("summary_two", not_graded_here(graded["summary_two"])),
                           ("summary_one", NOT_GRADED & AGAIN)):
         summary = graded[key]
         failed = {o.student: o for o in summary.failed}
@@ -131,7 +131,7 @@ def test_report_names_each_variants_mistake_under_the_cell_it_spoils(graded):
     report = class_report.class_report(NAME, graded["two"])
     # the attackers whose answers are the solution's keep their marks (FULL), and so do the
     # limits an rlimit does not stop on this machine; the others score zero (ZEROED)
-    not_graded = NOT_GRADED | stopped_here(graded["summary_two"])
+    not_graded = not_graded_here(graded["summary_two"])
     full_marks = (set(HONEST) - NOT_GRADED) | FULL | (set(STOPPED) - not_graded)
     for c in report.cells:
         losers = {s for s, v in BROKEN.items() if c.cell in v["loses"]} | {"ben_l17"}
@@ -182,7 +182,7 @@ def test_report_is_anonymous_unless_asked_in_the_terminal_html_and_csv(graded, c
     gather = next(r for r in rows if r["cell"] == "gather_comm_tests" and not r["mistake"])
     # full: ada, cy, dee and the attackers with the solution's answers; zero: eve, the blank
     # release and the attackers with no answer that counts
-    not_graded = NOT_GRADED | stopped_here(graded["summary_two"])
+    not_graded = not_graded_here(graded["summary_two"])
     assert (gather["full"], gather["zero"], gather["not_graded"], gather["flagged"]) == (
         str(3 + len(FULL) + len(set(STOPPED) - not_graded)), str(2 + len(ZEROED)),
         str(len(not_graded)), str(len(FORGED)))
@@ -215,7 +215,7 @@ def test_nbgrader_export_has_every_learners_score_after_the_late_penalty(graded,
     assert (rows[late]["late_submission_penalty"], rows[late]["score"]) == (f"{earned:g}", "0")
     assert rows["cy_l17"]["late_submission_penalty"] == "0"   # the same answers, on time
     assert {s for s, r in rows.items() if r["needs_manual_grade"] == "True"} == (
-        NOT_GRADED | stopped_here(graded["summary_two"]) | set(FORGED))
+        not_graded_here(graded["summary_two"]) | set(FORGED))
     # the progress line gives the learner's score, the penalty taken
     assert f"{late}: graded, 0 points (late penalty {earned:g})" in "\n".join(graded["lines"])
 

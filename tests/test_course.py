@@ -829,3 +829,30 @@ def test_release_takes_a_course_root_and_refuses_an_unknown_assignment(tmp_path,
     assert (ROOT / "course" / "00_launch" / "00_launch.ipynb").stat().st_mtime_ns == before
     assert cli.main(["release", "99_nothing", "--root", str(root)]) == 2
     assert "no such assignment in solutions/: 99_nothing" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ASSIGNMENTS)
+def test_no_function_a_test_hands_the_learners_side_reads_a_hidden_name(name):
+    """A test's rank-side helper travels to the learner's kernel by value, with the names it
+    reads (dpmp_lab/harness/remote.py): none of them may be one a hidden part binds, so that
+    what crosses is the visible tests' code and the arguments of the calls."""
+    import ast
+
+    from dpmp_lab.harness.cells import cell_names
+
+    hidden_binds: set[str] = set()
+    helpers: dict[str, frozenset[str]] = {}
+    for cell in source_notebook(name).cells:
+        if cell.cell_type != "code" or cell.metadata.get("nbgrader", {}).get("solution"):
+            continue
+        visible, hidden = _split_at_hidden_tests(cell.source)
+        if hidden:
+            tree = ast.parse(hidden)
+            hidden_binds |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)
+                             and isinstance(n.ctx, ast.Store)}
+            hidden_binds |= {n.name for n in ast.walk(tree)
+                             if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        helpers.update(cell_names(visible).inside)
+    for helper, reads in helpers.items():
+        assert not reads & hidden_binds, (
+            f"{name}: {helper} reads {sorted(reads & hidden_binds)}, bound in a hidden part")

@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import sys
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -29,12 +30,13 @@ from .grading_class import (
     CHECKOUT,
     FORGED,
     FULL,
+    LINKED,
     NAME,
-    NOT_GRADED,
     ROWS,
     STOPPED,
     VICTIM,
     ZEROED,
+    not_graded_here,
     stopped_here,
     tree_hash,
 )
@@ -117,6 +119,50 @@ def test_no_attack_earns_a_mark_its_answers_do_not(graded_class):
     assert "shard_range is switched off here" in rows   # the default argument met the switch
 
 
+def test_a_link_is_never_followed_and_a_bad_file_costs_its_learner_alone(graded_class):
+    """The notebook a link to the course's solution, links to the gradebook and /etc/shadow:
+    not graded, the link named, nothing of their targets in the course's folders. A secret
+    that is not UTF-8: its learner graded on its answers, and the class recorded."""
+    root = graded_class["two"]
+    for learner, words in LINKED.items():
+        outcome = graded_class["outcomes"][learner]
+        assert not outcome.graded and words in outcome.reason, (learner, outcome.reason)
+        assert "a link is never followed" in outcome.reason
+        assert not (root / "autograded" / learner).exists()
+        assert not (root / "feedback" / learner).exists()
+    shadow = Path("/etc/shadow").read_bytes()[:64] if os.access("/etc/shadow", os.R_OK) else None
+    for folder in ("autograded", "feedback"):
+        for path in (root / folder).rglob("*"):
+            if path.is_file():
+                data = path.read_bytes()
+                assert b"SQLite format 3" not in data[:16] and (not shadow or shadow not in data)
+    assert graded_class["outcomes"]["mal_secret"].graded
+    assert len((root / "feedback" / "mal_secret" / NAME / "submission_secret.txt")
+               .read_text()) == 128   # a new one, beside the page
+
+
+def test_no_learner_markup_is_live_in_the_pages_that_show_it(graded_class):
+    """Script in a markdown and a raw cell the learner added, in HTML, SVG and JavaScript
+    outputs: the instructor's autograded notebook (what formgrader shows) holds none of it
+    live, and the feedback page runs no script at all (its policy) and holds none of it as
+    markup. tests/test_inert_pages.py opens both pages in Chromium."""
+    from dpmp_lab.instructor import inert
+
+    from .inert_vectors import live_parts
+
+    root = graded_class["two"]
+    graded = nbformat.read(root / "autograded" / "mal_markup" / NAME / f"{NAME}.ipynb",
+                           as_version=4)
+    own = inert.own_sources({"db_url": course.gradebook_url(root), "assignment": NAME,
+                             "notebook": NAME})
+    assert own and live_parts(graded, own) == []
+    page = (root / "feedback" / "mal_markup" / NAME / f"{NAME}.html").read_text()
+    assert inert.FEEDBACK_CSP in html.unescape(page)
+    for live in (r"<script[^>]*>[^<]*PWNED", r"onerror=", r"onload=", r"javascript:console"):
+        assert not re.search(live, page), live
+    assert "PWNED:md" in html.unescape(page)   # shown, as text
+
+
 def test_a_transformer_that_saw_every_cell_saw_no_test(graded_class):
     """The transformer kept every cell the learner's kernel ran and printed them, base64, from
     a cell the learner added: none of them is a test cell, visible or hidden."""
@@ -159,7 +205,7 @@ def test_feedback_is_the_page_and_nbgraders_two_files_and_holds_no_hidden_test(g
     pages = [p for p in files if p.suffix == ".html"]
     assert {p.name for p in pages} == {f"{NAME}.html"}
     assert {p.parent.parent.name for p in pages} == (
-        graded_class["everyone"] - NOT_GRADED - stopped_here(graded_class["summary_two"]))
+        graded_class["everyone"] - not_graded_here(graded_class["summary_two"]))
     for page in pages:
         text = html.unescape(re.sub(r"<[^>]+>", "", page.read_text()))
         leaked = [line for line in hidden if line in text]

@@ -143,6 +143,9 @@ class GuardedExecute(Execute):
         if self.sandbox:
             self.kernel_manager_class = SandboxedKernelManager
         self.store_widget_state = False   # widget state and its buffers are never kept
+        # graded, a kernel has nothing left to save: stopped at once, not after the seconds a
+        # graceful shutdown waits for it and for what it started
+        self.shutdown_kernel = "immediate"
         self._bytes: dict[int, int] = {}
         self.found: dict = {}
 
@@ -176,7 +179,7 @@ class GuardedExecute(Execute):
                         "interrupt_on_timeout": self.interrupt_on_timeout,
                         "error_on_timeout": self.error_on_timeout,
                         "extra_arguments": list(self.extra_arguments),
-                        "store_widget_state": False,
+                        "store_widget_state": False, "shutdown_kernel": "immediate",
                         "raise_on_iopub_timeout": self.raise_on_iopub_timeout}
             folder = Path(self.harness_dir) if self.harness_dir else None
             async with harness_beside(self, the_plan.learner_names, self._count, folder,

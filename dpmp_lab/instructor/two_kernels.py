@@ -36,6 +36,7 @@ from dpmp_lab.harness.codec import MAX_BYTES
 from dpmp_lab.harness.plan import Plan, Where
 from dpmp_lab.instructor import sandbox, submitted
 from dpmp_lab.instructor.sandbox_kernel import SandboxedKernelManager
+from dpmp_lab.launcher.starting import WARM_ENV
 
 FRAME = struct.Struct(">Q")
 SOCKET = "relay"          # the relay's socket, in the harness's socket folder
@@ -243,7 +244,10 @@ async def harness_beside(learner: NotebookClient, names: frozenset[str],
             outside = folder / "exchange"
             outside.mkdir()
             inside = str(outside)
-        async with harness.async_setup_kernel(cwd=str(folder), cleanup_kc=True):
+        # the harness launches only the library's references, rarely: no forkserver warmed
+        # up at dpmp_lab's import (torch loaded once more, for nothing, in every job)
+        env = {**os.environ, WARM_ENV: "0"}
+        async with harness.async_setup_kernel(cwd=str(folder), cleanup_kc=True, env=env):
             relay = Relay(learner, outside, inside, str(folder / SOCKET))
             async with relay.serving():
                 step = await run_step(harness, install_line(relay.socket_path, names), 0)
