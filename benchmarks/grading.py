@@ -84,13 +84,14 @@ class CpuCgroup:
         stats = dict(line.split() for line in (self.folder / "cpu.stat").read_text().splitlines())
         return int(stats["usage_usec"]) / 1e6
 
-    def run(self, argv: list[str], env: dict[str, str]) -> tuple[float, str]:
-        """(CPU seconds, stdout) of `argv` run inside this cgroup."""
+    def run(self, argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, str]:
+        """(CPU seconds, stdout) of `argv` run inside this cgroup, in `cwd`."""
         enter = ("import os, sys\nopen(sys.argv[1], 'w').write(str(os.getpid()))\n"
                  "os.execv(sys.argv[2], sys.argv[2:])")
         before = self.usage()
         done = subprocess.run([sys.executable, "-c", enter, str(self.folder / "cgroup.procs"),
-                               *argv], env=env, capture_output=True, text=True, timeout=3600)
+                               *argv], env=env, cwd=cwd, capture_output=True, text=True,
+                              timeout=3600)
         if done.returncode:
             raise RuntimeError(f"{argv[:3]} failed:\n{done.stderr[-3000:]}")
         return self.usage() - before, done.stdout
@@ -107,8 +108,10 @@ def grade(package: Path, base: Path, label: str, args: argparse.Namespace) -> di
     env = {**os.environ, "PYTHONPATH": str(package)}
     group = CpuCgroup()
     try:
+        # in the course root: `python -c` puts its working directory first on sys.path
         cpu, out = group.run([sys.executable, "-c", GRADE, args.assignment,
-                              str(args.submissions), str(args.jobs), str(root), str(package)], env)
+                              str(args.submissions), str(args.jobs), str(root), str(package)],
+                             env, cwd=root)
     finally:
         group.remove()
         shutil.rmtree(root, ignore_errors=True)

@@ -13,10 +13,12 @@ write in one solution cell (or one cell added), with the outcome that shows it h
   (/proc/1/environ), open its memory for writing, and say which host user it runs as; print
   where the package, torch and Python lie (feedback masks those paths);
 - the kernel's shell (ZEROED: the tests never run there, so nothing it does reaches them): an
-  input transformer that turns every later cell into `pass`, the same reached through strings,
-  one installed from a cell that starts with a magic that records every cell it sees and prints
-  them, base64-encoded, from a cell the learner added; a hook that prints every cell (LEAK: its
-  own answers' marks, and no hidden test in its feedback);
+  input transformer that turns every later cell into `pass`, reached through strings, and one
+  installed from a cell that starts with a magic, which records every cell it sees and prints
+  them, base64-encoded, from a cell the learner added; a hook that prints every cell, beside
+  100 MiB of newlines written to the kernel's own standard output (LEAK, FULL: its own
+  answers' marks, no hidden test in its feedback, and the output a pipe whose tail the grader
+  keeps);
 - answers that are not data (ZEROED): lists, floats and strings of subclasses whose `__eq__`,
   `__sub__`, `strip` and `lower` always agree, and a my_rows that keeps the library's reference
   in a default argument;
@@ -24,13 +26,12 @@ write in one solution cell (or one cell added), with the outcome that shows it h
   emptied and the checks replaced through an alias; a function that reads the test's expected
   value from its caller's frame;
 - limits (STOPPED): a 50 MB line, 3 GiB of memory, a 150 MiB file, 150 MiB in /dev/shm, 200
-  processes, 100 MiB of widget buffers; 100 MiB of newlines written to the kernel's own standard
-  output (FULL: a pipe whose tail the grader keeps);
+  processes, 100 MiB of widget buffers;
 - files that are not data (LINKED: not graded, with the link named): the notebook a symbolic
-  link to the course's solution, and a folder with links to the gradebook and /etc/shadow; a
-  submission_secret.txt that is not UTF-8 (FULL: its own marks, the class recorded);
+  link to the course's solution, and a folder with links to the gradebook and /etc/shadow;
 - markup (FULL, and nothing of it live in its autograded notebook or its feedback page): a
-  learner's markdown and raw cells with script, HTML, SVG and JavaScript outputs.
+  learner's markdown and raw cells with script, HTML, SVG and JavaScript outputs, handed in
+  with a submission_secret.txt that is not UTF-8 (its own marks, the class recorded).
 
 One honest learner (LATE) handed in through an exchange after the due date, which the course
 gives with nbgrader's penalty_method "zero": `nbgrader collect` leaves timestamp.txt and
@@ -83,7 +84,6 @@ LATE = {"dee_l17": ("2026-12-01 14:30:00.000000 UTC", "5eb" * 40)}   # timestamp
 # cost their minutes again)
 AGAIN = {"ada_l17", "cy_l17", "gus_l17"}
 
-SHELL = 'get_ipython().input_transformers_cleanup.append(lambda lines: ["pass\\n"])\n'
 SNAPSHOT = '''import sys
 sys.modules["dpmp_lab.integrity"]._snapshot.clear()
 c = dl.check
@@ -145,8 +145,8 @@ NEWLINES = ("import os, sys\nown = getattr(sys.stdout, '_original_stdstream_copy
 FORK = "import subprocess\nkids = [subprocess.Popen(['sleep', '30']) for _ in range(200)]\n"
 
 FORGED = {"mal_snapshot": "library's code", "mal_frame": "call stack"}
-ZEROED = {"mal_shell", "mal_hidden_shell", "mal_transformer", "mal_subclass"}
-FULL = {"mal_reach", "mal_leak", "mal_newlines", "mal_secret", "mal_markup"}   # their answers'
+ZEROED = {"mal_hidden_shell", "mal_transformer", "mal_subclass"}
+FULL = {"mal_reach", "mal_leak", "mal_markup"}   # the solution's answers: its marks, no more
 LINKED = {"mal_linked_notebook": "00_launch.ipynb is a symbolic link",
           "mal_links": "is a symbolic link"}
 STOPPED = {"mal_flood": "output limit", "mal_memory": "memory limit", "mal_disk": "disk limit",
@@ -251,24 +251,23 @@ print("REACH", json.dumps(found))
 
 def attackers(root: Path) -> dict:
     return {"mal_reach": {"predict": reach(root)},
-            "mal_shell": ("release", {"predict": SHELL}),
             "mal_snapshot": ("release", {"predict": SNAPSHOT + PREDICT}),
             "mal_frame": {"my_rows": FRAME},
             "mal_hidden_shell": ("release", {"predict": HIDDEN_SHELL}),
-            "mal_leak": {"predict": LEAK},
+            "mal_leak": {"predict": LEAK + NEWLINES},
             "mal_transformer": ("release", {"predict": TRANSFORMER}, SEEN),
             "mal_subclass": ("release", SUBCLASSES),
-            "mal_newlines": {"predict": NEWLINES + PREDICT},
             "mal_flood": {"predict": FLOOD}, "mal_memory": {"predict": MEMORY},
             "mal_disk": {"predict": DISK}, "mal_shm": {"predict": SHM},
             "mal_fork": {"predict": FORK}, "mal_widgets": {"predict": WIDGETS},
-            "mal_secret": "solution", "mal_linked_notebook": "solution",
+            "mal_linked_notebook": "solution",
             "mal_links": "solution", "mal_markup": ("solution", {"predict": MARKUP},
                                                     *MARKUP_CELLS)}
 
 
 def links(root: Path) -> None:
-    """The LINKED attackers' folders (their notebooks handed in first), and the bad secret."""
+    """The LINKED attackers' folders (their notebooks handed in first), and mal_markup's secret
+    that is not UTF-8."""
     linked = root / "submitted" / "mal_linked_notebook" / NAME / f"{NAME}.ipynb"
     linked.unlink()
     linked.symlink_to(root / "solutions" / NAME / f"{NAME}.ipynb")
@@ -276,7 +275,7 @@ def links(root: Path) -> None:
     (folder / "gradebook.db").symlink_to(root / "gradebook.db")
     (folder / "data").mkdir()
     (folder / "data" / "shadow").symlink_to("/etc/shadow")
-    (root / "submitted" / "mal_secret" / NAME / "submission_secret.txt").write_bytes(
+    (root / "submitted" / "mal_markup" / NAME / "submission_secret.txt").write_bytes(
         b"\xff\xfe not utf-8 \xc3\x28")
 
 

@@ -136,8 +136,8 @@ def test_a_link_is_never_followed_and_a_bad_file_costs_its_learner_alone(graded_
             if path.is_file():
                 data = path.read_bytes()
                 assert b"SQLite format 3" not in data[:16] and (not shadow or shadow not in data)
-    assert graded_class["outcomes"]["mal_secret"].graded
-    assert len((root / "feedback" / "mal_secret" / NAME / "submission_secret.txt")
+    assert graded_class["outcomes"]["mal_markup"].graded
+    assert len((root / "feedback" / "mal_markup" / NAME / "submission_secret.txt")
                .read_text()) == 128   # a new one, beside the page
 
 
