@@ -506,7 +506,6 @@ async def _grade_in_one_job(name: str) -> dict[str, KernelGrade]:
     earliest = min(first.values(), default=len(nb.cells))
     code = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
     after = {i: next((j for j in code if j > i), len(nb.cells)) for i in code}
-    harness: NotebookClient | None = None
 
     async def plumbing(source: str, index: int) -> str:
         """`source` in both kernels; what the learner's kernel printed, and the harness's."""
@@ -594,30 +593,29 @@ async def _grade_in_one_job(name: str) -> dict[str, KernelGrade]:
 
     results: dict = {"(skipping)": {}}
     client.reset_execution_trackers()
-    async with client.async_setup_kernel():
+    async with harness_beside(client, the_plan.learner_names, timeout=600,
+                              allow_errors=True) as (harness, _):
         await client.async_wait_for_reply(await ensure_async(client.kc.kernel_info()))
-        async with harness_beside(client, the_plan.learner_names, timeout=600,
-                                  allow_errors=True) as (harness, _):
-            step = nbformat.v4.new_code_cell(_checkpoints_source())
-            await client.async_execute_cell(step, 0)
-            await _quietly(harness, _checkpoints_source(the_plan.learner_names))
-            clock = time.monotonic()
-            results["(solution)"] = await solution()
-            results["(skipping)"]["(solution)"] = {"seconds": round(time.monotonic() - clock, 1)}
-            for variant in sorted(todo, key=lambda v: -first[v["name"]]):
-                clock, ran = time.monotonic(), []
-                cells = with_replacements(nb, variant["replace"]).cells
-                grade = first_grade = await skipping(cells, changed_cells(name, variant), ran)
-                # a skipping run that differs from what the variant should lose may have
-                # missed a dependency: the whole rest of the notebook decides
-                if not as_expected(variant, grade):
-                    grade = await in_full(cells, first[variant["name"]])
-                results[variant["name"]] = grade
-                results["(skipping)"][variant["name"]] = {
-                    "ran": ran, "fell back": grade is not first_grade,
-                    "skipping lost": (sorted(first_grade.failed) if grade is not first_grade
-                                      else None),
-                    "seconds": round(time.monotonic() - clock, 1)}
+        step = nbformat.v4.new_code_cell(_checkpoints_source())
+        await client.async_execute_cell(step, 0)
+        await _quietly(harness, _checkpoints_source(the_plan.learner_names))
+        clock = time.monotonic()
+        results["(solution)"] = await solution()
+        results["(skipping)"]["(solution)"] = {"seconds": round(time.monotonic() - clock, 1)}
+        for variant in sorted(todo, key=lambda v: -first[v["name"]]):
+            clock, ran = time.monotonic(), []
+            cells = with_replacements(nb, variant["replace"]).cells
+            grade = first_grade = await skipping(cells, changed_cells(name, variant), ran)
+            # a skipping run that differs from what the variant should lose may have
+            # missed a dependency: the whole rest of the notebook decides
+            if not as_expected(variant, grade):
+                grade = await in_full(cells, first[variant["name"]])
+            results[variant["name"]] = grade
+            results["(skipping)"][variant["name"]] = {
+                "ran": ran, "fell back": grade is not first_grade,
+                "skipping lost": (sorted(first_grade.failed) if grade is not first_grade
+                                  else None),
+                "seconds": round(time.monotonic() - clock, 1)}
     return results
 
 

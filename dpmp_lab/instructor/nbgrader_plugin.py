@@ -171,20 +171,19 @@ class GuardedExecute(Execute):
         return self.nb, self.resources
 
     async def _run(self, the_plan: Plan) -> None:
-        async with self.async_setup_kernel():
+        settings = {"timeout": self.timeout, "allow_errors": True,
+                    "interrupt_on_timeout": self.interrupt_on_timeout,
+                    "error_on_timeout": self.error_on_timeout,
+                    "extra_arguments": list(self.extra_arguments),
+                    "store_widget_state": False, "shutdown_kernel": "immediate",
+                    "raise_on_iopub_timeout": self.raise_on_iopub_timeout}
+        folder = Path(self.harness_dir) if self.harness_dir else None
+        async with harness_beside(self, the_plan.learner_names, self._count, folder,
+                                  **settings) as (harness, relay):
             reply = await self.async_wait_for_reply(await ensure_async(self.kc.kernel_info()))
             if reply and "language_info" in reply["content"]:
                 self.nb.metadata["language_info"] = reply["content"]["language_info"]
-            settings = {"timeout": self.timeout, "allow_errors": True,
-                        "interrupt_on_timeout": self.interrupt_on_timeout,
-                        "error_on_timeout": self.error_on_timeout,
-                        "extra_arguments": list(self.extra_arguments),
-                        "store_widget_state": False, "shutdown_kernel": "immediate",
-                        "raise_on_iopub_timeout": self.raise_on_iopub_timeout}
-            folder = Path(self.harness_dir) if self.harness_dir else None
-            async with harness_beside(self, the_plan.learner_names, self._count, folder,
-                                      **settings) as (harness, relay):
-                await run_notebook(self, harness, relay, the_plan)
+            await run_notebook(self, harness, relay, the_plan)
 
     def _judge(self, nb: Any, mine: list, given: list) -> None:
         reasons = scan.scan([c.source for c in mine], context=[c.source for c in given])

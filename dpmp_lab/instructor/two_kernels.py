@@ -228,14 +228,16 @@ async def harness_beside(learner: NotebookClient, names: frozenset[str],
                          process: Callable[[dict, Any, int], None] = lambda *_: None,
                          folder: Path | None = None,
                          **settings: Any) -> AsyncIterator[tuple[HarnessClient, Relay]]:
-    """The harness started beside the learner's kernel (started already), the relay between
-    them, and the harness installed, asking for the learner's `names`. `process` sees every
-    message of the harness first (output limits); `folder`: a short empty one for the
-    harness's sockets, which its maker removes (default: a new temporary one, removed here);
-    `settings` are the harness client's."""
+    """The learner's kernel and the harness beside it, started at once, the relay between
+    them, and the harness installed, asking for the learner's `names`; both kernels stopped on
+    the way out. `process` sees every message of the harness first (output limits); `folder`:
+    a short empty one for the harness's sockets, which its maker removes (default: a new
+    temporary one, removed here); `settings` are the harness client's."""
     made = folder is None
     folder = Path(tempfile.mkdtemp(prefix="dph-")) if made else folder   # socket paths: ~107
     try:
+        if learner.km is None:
+            learner.km = learner.create_kernel_manager()
         manager = harness_manager(learner.km, folder, learner.kernel_name or "python3")
         harness = HarnessClient(learner.nb, manager, process, **settings)
         if isinstance(learner.km, SandboxedKernelManager):
@@ -247,7 +249,12 @@ async def harness_beside(learner: NotebookClient, names: frozenset[str],
         # the harness launches only the library's references, rarely: no forkserver warmed
         # up at dpmp_lab's import (torch loaded once more, for nothing, in every job)
         env = {**os.environ, WARM_ENV: "0"}
-        async with harness.async_setup_kernel(cwd=str(folder), cleanup_kc=True, env=env):
+        # both processes start before either is waited for: each spends a second or two
+        # importing torch
+        await asyncio.gather(learner.async_start_new_kernel(),
+                             harness.async_start_new_kernel(cwd=str(folder), env=env))
+        async with learner.async_setup_kernel(), \
+                harness.async_setup_kernel(cleanup_kc=True):
             relay = Relay(learner, outside, inside, str(folder / SOCKET))
             async with relay.serving():
                 step = await run_step(harness, install_line(relay.socket_path, names), 0)
