@@ -13,9 +13,9 @@ write in one solution cell (or one cell added), with the outcome that shows it h
   (/proc/1/environ), open its memory for writing, and say which host user it runs as; print
   where the package, torch and Python lie (feedback masks those paths);
 - the kernel's shell (ZEROED: the tests never run there, so nothing it does reaches them): an
-  input transformer that turns every later cell into `pass`, reached through strings, and one
-  installed from a cell that starts with a magic, which records every cell it sees and prints
-  them, base64-encoded, from a cell the learner added; a hook that prints every cell, beside
+  input transformer that turns every later cell into `pass`, installed, through strings, from
+  a cell that starts with a magic, which records every cell it sees and prints them,
+  base64-encoded, from a cell the learner added; a hook that prints every cell, beside
   100 MiB of newlines written to the kernel's own standard output (LEAK, FULL: its own
   answers' marks, no hidden test in its feedback, and the output a pipe whose tail the grader
   keeps);
@@ -25,8 +25,8 @@ write in one solution cell (or one cell added), with the outcome that shows it h
 - writes into the library (FORGED: zero, flagged with the scan's reason): integrity's record
   emptied and the checks replaced through an alias; a function that reads the test's expected
   value from its caller's frame;
-- limits (STOPPED): a 50 MB line, 3 GiB of memory, a 150 MiB file, 150 MiB in /dev/shm, 200
-  processes, 100 MiB of widget buffers;
+- limits (STOPPED): a 50 MB line, 3 GiB of memory, 40 MiB in its folder and 40 MiB in
+  /dev/shm (64 MiB allowed), 200 processes, 100 MiB of widget buffers;
 - files that are not data (LINKED: not graded, with the link named): the notebook a symbolic
   link to the course's solution, and a folder with links to the gradebook and /etc/shadow;
 - markup (FULL, and nothing of it live in its autograded notebook or its feedback page): a
@@ -125,15 +125,13 @@ SUBCLASSES = {
 # the shell reached through strings: nothing here names a hatch the scan knows
 _SHELL_BY_STRINGS = ('import sys\n_sh = getattr(getattr(sys, "mod" + "ules")["IPy" + "thon"], '
                      '"get_" + "ipython")()\n')
-HIDDEN_SHELL = _SHELL_BY_STRINGS + ('getattr(_sh, "input_" + "transformers_cleanup").append('
-                                    'lambda lines: ["pass\\n"])\n')
 LEAK = _SHELL_BY_STRINGS + ('getattr(_sh, "ev" + "ents").register("post_run_cell", '
                             'lambda result: print("CELL", result.info.raw_cell))\n') + PREDICT
 FLOOD = 'print("x" * 50_000_000)\n'
 MEMORY = "hog = bytearray(3 * 2**30)\n"
-DISK = ('with open("big.bin", "wb") as f:\n    for _ in range(150):\n'
-        '        f.write(b"x" * 2**20)\n')
-SHM = DISK.replace('"big.bin"', '"/dev/shm/big.bin"')
+# 40 MiB in its folder and 40 MiB in /dev/shm: past the class's 64 MiB only if both count
+DISK = ('for path in ("big.bin", "/dev/shm/big.bin"):\n    with open(path, "wb") as f:\n'
+        '        for _ in range(40):\n            f.write(b"x" * 2**20)\n')
 WIDGETS = ("import ipywidgets\nfor _ in range(5):\n"
            "    display(ipywidgets.Image(value=b'\\0' * 20 * 2**20, format='png'))\n")
 # the kernel's own standard output, which ipykernel keeps aside when it sends fd 1 to the
@@ -145,12 +143,12 @@ NEWLINES = ("import os, sys\nown = getattr(sys.stdout, '_original_stdstream_copy
 FORK = "import subprocess\nkids = [subprocess.Popen(['sleep', '30']) for _ in range(200)]\n"
 
 FORGED = {"mal_snapshot": "library's code", "mal_frame": "call stack"}
-ZEROED = {"mal_hidden_shell", "mal_transformer", "mal_subclass"}
+ZEROED = {"mal_transformer", "mal_subclass"}
 FULL = {"mal_reach", "mal_leak", "mal_markup"}   # the solution's answers: its marks, no more
 LINKED = {"mal_linked_notebook": "00_launch.ipynb is a symbolic link",
           "mal_links": "is a symbolic link"}
 STOPPED = {"mal_flood": "output limit", "mal_memory": "memory limit", "mal_disk": "disk limit",
-           "mal_shm": "disk limit", "mal_fork": "processes", "mal_widgets": "output limit"}
+           "mal_fork": "processes", "mal_widgets": "output limit"}
 ATTACKERS = {*FULL, *FORGED, *ZEROED, *STOPPED, *LINKED}
 # script in every place a page shows: outputs of the kinds a browser runs, a markdown cell and a
 # raw cell the learner added
@@ -253,12 +251,11 @@ def attackers(root: Path) -> dict:
     return {"mal_reach": {"predict": reach(root)},
             "mal_snapshot": ("release", {"predict": SNAPSHOT + PREDICT}),
             "mal_frame": {"my_rows": FRAME},
-            "mal_hidden_shell": ("release", {"predict": HIDDEN_SHELL}),
             "mal_leak": {"predict": LEAK + NEWLINES},
             "mal_transformer": ("release", {"predict": TRANSFORMER}, SEEN),
             "mal_subclass": ("release", SUBCLASSES),
             "mal_flood": {"predict": FLOOD}, "mal_memory": {"predict": MEMORY},
-            "mal_disk": {"predict": DISK}, "mal_shm": {"predict": SHM},
+            "mal_disk": {"predict": DISK},
             "mal_fork": {"predict": FORK}, "mal_widgets": {"predict": WIDGETS},
             "mal_linked_notebook": "solution",
             "mal_links": "solution", "mal_markup": ("solution", {"predict": MARKUP},

@@ -4,11 +4,11 @@ back. nbgrader_config.py calls `configure(c)`; `dpmp-lab grade` adds one job's s
 - `GuardedExecute` replaces nbgrader's Execute step: the learner's cells run in the learner's
   kernel, in the sandbox (sandbox_kernel.py), and the graded test cells in a harness of their
   own, which no code of the submission reaches (two_kernels.py, dpmp_lab/harness); output of
-  both is counted as it arrives and a cell or a notebook over its limit ends the job;
-  afterwards the learner's cells are scanned (scan.py). A finding (a write into the library's
-  code, an escape hatch) zeroes every graded cell with the reasons as its error, and is
-  written to the job's report, from which `dpmp-lab grade` flags the submission for manual
-  grading.
+  both is counted as it arrives and a cell or a notebook over its limit ends the job. The
+  learner's cells are scanned first (scan.py): a finding (a write into the library's code, an
+  escape hatch) zeroes every graded cell with the reasons as its error, without running the
+  notebook, and is written to the job's report, from which `dpmp-lab grade` flags the
+  submission for manual grading.
 - `HideHiddenTests` runs in generate_feedback: it removes the hidden tests from the cells
   (nbgrader's ClearHiddenTests) and masks every line of them wherever it appears in an
   output (a traceback of a failed hidden assert prints its line), so feedback never carries
@@ -125,8 +125,8 @@ def _size(value: Any) -> int:
 
 class GuardedExecute(Execute):
     """nbgrader's Execute in two kernels: the learner's cells in the learner's kernel (in the
-    sandbox), the graded test cells in the harness (two_kernels.py); output limits over both;
-    then the scan of the learner's cells."""
+    sandbox), the graded test cells in the harness (two_kernels.py); output limits over both.
+    The scan of the learner's cells comes first: a notebook it flags is not run."""
 
     sandbox = Bool(True, help="Run both kernels in the sandbox (sandbox.py)").tag(config=True)
     cell_output_bytes = Integer(Limits().cell_output_kb * 1024,
@@ -154,16 +154,23 @@ class GuardedExecute(Execute):
         self.reset_execution_trackers()
         self._check_assign_resources(resources)
         mine, given, tests = split_cells(nb, own_cells(resources))
-        the_plan = plan_of(nb, mine, given, tests)
         self._bytes = {}
         self.found = {"sandbox": self.sandbox, "limit": None, "forgery": [], "harness": True}
+        # read before anything runs: a notebook the scan flags scores zero whatever it would
+        # print, so its code is not run at all
+        reasons = scan.scan([c.source for c in mine], context=[c.source for c in given])
         failure: BaseException | None = None
         try:
-            run_sync(self._run)(the_plan)
-        except BaseException as exc:   # a limit, a dead kernel: judged below, then raised
+            if reasons:
+                self.nb.metadata.setdefault("language_info", {"name": "python"})
+            else:
+                run_sync(self._run)(plan_of(nb, mine, given, tests))
+        except BaseException as exc:   # a limit, a dead kernel: raised after the report
             failure = exc
         try:
-            self._judge(nb, mine, given)
+            if reasons:
+                self.found["forgery"] = reasons
+                mark_forged(nb, reasons)
         finally:
             self._write_report()
         if failure is not None:
@@ -184,12 +191,6 @@ class GuardedExecute(Execute):
             if reply and "language_info" in reply["content"]:
                 self.nb.metadata["language_info"] = reply["content"]["language_info"]
             await run_notebook(self, harness, relay, the_plan)
-
-    def _judge(self, nb: Any, mine: list, given: list) -> None:
-        reasons = scan.scan([c.source for c in mine], context=[c.source for c in given])
-        if reasons:
-            self.found["forgery"] = reasons
-            mark_forged(nb, reasons)
 
     def process_message(self, msg: dict, cell: Any, cell_index: int) -> Any:
         self._count(msg, cell, cell_index)
