@@ -45,6 +45,7 @@ their own and without cgroups (rlimits alone), to compare.
 
 from __future__ import annotations
 
+import atexit
 import copy
 import hashlib
 import os
@@ -280,6 +281,22 @@ def course_root(path: Path) -> Path:
     path.mkdir()
     shutil.copy(ROOT / "nbgrader_config.py", path)
     shutil.copytree(ROOT / "solutions" / NAME, path / "solutions" / NAME)
+    return path
+
+
+_released: list[Path] = []   # one course root with 00_launch released, per test process
+
+
+def released_root(path: Path) -> Path:
+    """A course root with 00_launch recorded in its gradebook (nbgrader generate_assignment),
+    copied from one made once per test process: each generate_assignment is an nbgrader
+    process that imports torch."""
+    if not _released:
+        made = Path(tempfile.mkdtemp(prefix="dpmp-released-"))
+        atexit.register(shutil.rmtree, made, True)
+        grading.ensure_assignment(NAME, course_root(made / "root"))
+        _released.append(made / "root")
+    shutil.copytree(_released[0], path)
     return path
 
 

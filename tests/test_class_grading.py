@@ -52,6 +52,7 @@ from .grading_class import (
     course_root,
     hand_in,
     not_graded_here,
+    released_root,
     run_processes,
 )
 from .notebook_sources import source_notebook
@@ -111,8 +112,7 @@ def test_a_hang_and_a_dead_kernel_cost_their_own_time_and_say_so(graded):
 def test_recording_in_any_order_gives_the_same_gradebook(graded, tmp_path):
     expected = grading.gradebook_dump(course.gradebook_url(graded["two"]), NAME)
     outcomes = graded["summary_two"].outcomes
-    fresh = course_root(tmp_path / "fresh")
-    grading.ensure_assignment(NAME, fresh)   # once: every order starts from a copy of it
+    fresh = released_root(tmp_path / "fresh")   # every order starts from a copy of it
     for order in (outcomes[::-1], random.Random(1).sample(outcomes, len(outcomes)),
                   outcomes + outcomes[:3]):          # a result recorded twice is not doubled
         root = course_root(tmp_path / f"order{len(list(tmp_path.iterdir()))}")
@@ -281,9 +281,10 @@ def test_a_rerun_grades_only_what_changed_unless_forced(graded):
     assert [o.student for o in fixed.outcomes] == ["cy_l17"] and fixed.outcomes[0].graded
     rows = {r.student_id: r for r in grades_export.course_grades(root, [NAME])}
     assert rows["cy_l17"].score == 9 and rows["ada_l17"].score == 9
+    # forced: graded again though unchanged (the learner whose kernel dies: the quickest)
     forced = grading.grade_class(NAME, root=root, jobs=2, timeout=LIMIT, force=True,
-                                 students=["ada_l17"], say=lambda _: None)
-    assert [(o.student, o.graded) for o in forced.outcomes] == [("ada_l17", True)]
+                                 students=["gus_l17"], say=lambda _: None)
+    assert [(o.student, o.graded) for o in forced.outcomes] == [("gus_l17", False)]
     assert forced.skipped == []
     rows = {r.student_id: r for r in grades_export.course_grades(root, [NAME])}
     assert rows["ada_l17"].score == 9 and len(rows) == len(AGAIN)
@@ -347,7 +348,7 @@ def test_feedback_keeps_what_nbgrader_release_feedback_reads_and_no_learner_file
 def test_a_job_that_breaks_costs_its_own_submission_only(tmp_path, monkeypatch):
     """The parent's side alone (no nbgrader run): a job raising is recorded as not graded,
     with zero points and its error as the reason, and the other submissions go on."""
-    root = course_root(tmp_path / "c")
+    root = released_root(tmp_path / "c")
     for learner in ("ok_l17", "broken_l17"):
         hand_in(root, learner, source_notebook(NAME))
 
@@ -378,7 +379,7 @@ def test_a_notebook_under_another_name_is_not_graded_and_says_the_name_expected(
     """nbgrader alone would say "did you forget to run generate_assignment?"."""
     import nbformat
 
-    root = course_root(tmp_path / "c")
+    root = released_root(tmp_path / "c")
     folder = root / "submitted" / "hal_l17" / NAME
     folder.mkdir(parents=True)
     nbformat.write(source_notebook(NAME), folder / f"{NAME} (1).ipynb")

@@ -14,7 +14,6 @@ import html
 import json
 import os
 import re
-import shutil
 import sys
 from pathlib import Path
 
@@ -37,6 +36,7 @@ from .grading_class import (
     VICTIM,
     ZEROED,
     not_graded_here,
+    released_root,
     stopped_here,
     tree_hash,
 )
@@ -278,10 +278,7 @@ def test_the_victims_submission_is_untouched(graded_class):
 
 
 def test_grading_refuses_to_run_unsandboxed_unless_told(tmp_path, monkeypatch, capsys):
-    root = tmp_path / "c"
-    root.mkdir()
-    shutil.copy(ROOT / "nbgrader_config.py", root)
-    shutil.copytree(ROOT / "solutions" / NAME, root / "solutions" / NAME)
+    root = released_root(tmp_path / "c")
     folder = root / "submitted" / "ok_l21" / NAME
     folder.mkdir(parents=True)
     nbformat.write(source_notebook(NAME), folder / f"{NAME}.ipynb")
