@@ -4,6 +4,7 @@ tests/course_variants/ exactly the points it should lose."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import contextlib
 import copy
@@ -303,9 +304,10 @@ def test_the_learner_sees_the_same_failure_without_the_hidden_tests(graded, name
 # saved there is put back. nbgrader's real round trip (release, submit, autograde, feedback)
 # grades the solution, the blank release, every variant that writes into the grader (it would
 # spoil a shared kernel, and only nbgrader's scan zeroes it), and one sample variant of each
-# notebook, which is graded both ways: both must give exactly `loses`. (One autograde is a
-# whole notebook run in a fresh sandbox: a sample of one per notebook shows the two ways agree,
-# more would only repeat it.)
+# notebook whose tests hand the learner's side code of their own (hands_over_its_own_code),
+# which is graded both ways: both must give exactly `loses`. (One autograde is a whole notebook
+# run in a fresh sandbox: elsewhere the solution and the blank release show the two ways agree,
+# each test cell passing and failing alike; more would only repeat it.)
 # After its changed cells a variant re-runs only the cells that read a name whose value differs
 # from the solution's at that point (tests/checkpoints.py compares them after each cell it runs;
 # dpmp_lab/harness/cells.py reads which names each cell reads), with the solution's values and
@@ -372,14 +374,40 @@ def _cells_skipped(name: str, variant: dict) -> int:
                                            swaps=NAMESPACE_SWAPS.get(name, frozenset())))
 
 
+HANDS_OVER = {"on_learners_side", "stand_ins"}   # dl.check's ways to run a test's own code there
+
+
+def hands_over_its_own_code(name: str) -> bool:
+    """Whether a cell of the notebook's own (not a learner's) hands the learner's side a
+    function of its own through dl.check (HANDS_OVER): the one path where a test's code runs in
+    the learner's kernel, and so where the two ways of grading could part."""
+    learners = set(cells_by_kind(source_notebook(name), "solution"))
+    for cell in source_notebook(name).cells:
+        if (cell.cell_type != "code"
+                or cell.metadata.get("nbgrader", {}).get("grade_id") in learners):
+            continue
+        try:
+            tree = ast.parse(cell.source)
+        except SyntaxError:   # a cell that starts with a magic names no dl.check function
+            continue
+        if any(isinstance(n, ast.Attribute) and n.attr in HANDS_OVER for n in ast.walk(tree)):
+            return True
+    return False
+
+
 @functools.cache
 def by_nbgrader(name: str) -> list[int]:
     """Indices of the variants nbgrader grades for real: those that write into the grader,
-    and of the others the one whose one-job grading skips the most cells."""
+    and, in a notebook whose tests hand the learner's side code of their own, of the others
+    the one whose one-job grading skips the most cells. (Elsewhere the solution and the blank
+    release show nbgrader's grading: every test cell of a notebook passes and fails there as
+    in the one-job grading; the class of tests/grading_class.py grades 00's wrong answers.)"""
     flagged = [i for i, v in enumerate(variants(name)) if writes_into_the_grader(name, v)]
     others = [i for i in range(len(variants(name))) if i not in flagged]
     sample = max(others, key=lambda i: (_cells_skipped(name, variants(name)[i]), -i),
                  default=None)
+    if not hands_over_its_own_code(name):
+        sample = None
     return sorted(flagged + ([] if sample is None else [sample]))
 
 
@@ -747,11 +775,15 @@ def test_each_wrong_answer_loses_exactly_its_cells(graded, name):
                 f"to lose {sorted(variant['loses'])}")
 
 
-def test_every_variant_is_graded_and_nbgrader_grades_a_sample_of_each_kind():
+def test_every_variant_is_graded_and_nbgrader_grades_a_sample_where_tests_hand_code_over():
+    sampled = []
     for name in ASSIGNMENTS:
         everything = set(range(len(variants(name))))
         assert set(by_nbgrader(name)) | set(in_one_job(name)) == everything
-        assert not variants(name) or (set(by_nbgrader(name)) & set(in_one_job(name)))
+        if set(by_nbgrader(name)) & set(in_one_job(name)):
+            sampled.append(name)
+    assert sampled == [n for n in ASSIGNMENTS if variants(n) and hands_over_its_own_code(n)]
+    assert len(sampled) >= 4   # 03's and 09's stand-ins, 07's and 10's on_learners_side
 
 
 @pytest.mark.parametrize("name", ASSIGNMENTS)
