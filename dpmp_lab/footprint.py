@@ -13,17 +13,33 @@ whatever the caller marks. Bytes are counted per storage, each once: a gathered 
 counts while gathered and not after it is freed; ZeRO's flat buffers count where they live.
 This is model state only, as in dl.cost.memory: activations are not counted (on a GPU,
 torch.cuda.max_memory_allocated tells the whole story; fp.cuda_peak holds it there).
+
+    with dl.footprint.held() as mem:                 # inside a rank
+        out = model(x); mem.mark("after forward")
+    mem.at("after forward"), mem.end
+
+`held()` counts every tensor instead, wherever it is kept: each storage once, behind every
+tensor Python can reach (a module's global, an attribute, a closure, a container, a pool, a
+send's handle) and every tensor autograd saved for backward, less what the rank held when the
+window opened. `Followed` follows chosen storages by weak reference: how many are still
+allocated, whoever holds them. (torch.profiler's record of allocations was tried first: while
+it runs, gloo's finished collectives keep their tensors for a while, so it counts them.)
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import html
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
 
+from dpmp_lab.context import device
 from dpmp_lab.render import PALETTE, Picture, Table, human_bytes, svg_start
 
 MEMORY_KINDS = ("params", "grads", "optimizer")
@@ -137,6 +153,112 @@ def _bytes(tensors: list[torch.Tensor | None]) -> int:
     return sum(seen.values())
 
 
+class Held:
+    """Bytes of tensor storage the rank holds at moments of a `held()` window, beyond what it
+    held when the window opened: at each mark (`at`) and when the window closed (`end`)."""
+
+    def __init__(self, on: torch.device) -> None:
+        self.device = str(on)
+        self.marks: dict[str, int] = {}
+        self.end = 0
+        self._on, self._before = on, _storages(on)
+
+    def mark(self, moment: str) -> None:
+        """The bytes held now, kept under the name `moment`."""
+        if not isinstance(moment, str) or moment in self.marks:
+            raise ValueError(f"a mark is a new name, not {moment!r}")
+        self.marks[moment] = self.now()
+
+    def at(self, moment: str) -> int:
+        if moment not in self.marks:
+            raise KeyError(f"no mark {moment!r}; the marks are {list(self.marks)}")
+        return self.marks[moment]
+
+    def now(self) -> int:
+        """Bytes of the storages held now that the window did not start with: those found by
+        two walks in a row (what only the first finds was on its way out)."""
+        first, second = _storages(self._on), _storages(self._on)
+        return sum(size for ptr, (size, ref) in second.items()
+                   if ptr in first and not first[ptr][1].expired()
+                   and (ptr not in self._before or self._before[ptr][1].expired()))
+
+
+@contextlib.contextmanager
+def held(on: torch.device | str | None = None) -> Iterator[Held]:
+    """Measure the tensor storage that what runs inside leaves held (default device: dl.device()
+    in a rank, the CPU outside one)."""
+    if on is None:
+        on = device() if torch.distributed.is_initialized() else torch.device("cpu")
+    result = Held(torch.device(on))
+    yield result
+    result.end = result.now()
+
+
+class Followed:
+    """Storages followed by weak reference: how many are still allocated, whoever keeps them (a
+    view, a send's handle, autograd, a list), and nothing kept alive by the following."""
+
+    def __init__(self) -> None:
+        self._refs: list[StorageWeakRef] = []
+
+    def __call__(self, tensor: torch.Tensor) -> None:
+        self._refs.append(StorageWeakRef(tensor.untyped_storage()))
+
+    def alive(self) -> int:
+        return sum(not ref.expired() for ref in self._refs)
+
+
+def _storages(on: torch.device) -> dict[int, tuple[int, StorageWeakRef]]:
+    """{data pointer: (bytes, weak reference)} of every storage on device `on` behind a tensor
+    that Python can reach (gc finds every tensor object: in a global, an attribute, a closure,
+    a container, a handle) or that autograd saved for backward in a graph those reach."""
+    gc.collect()   # a tensor only a reference cycle keeps is garbage on its way out, not held
+    found: dict[int, tuple[int, StorageWeakRef]] = {}
+    nodes, seen = [], set()
+
+    def add(t: Any) -> None:
+        if not isinstance(t, torch.Tensor) or t.layout != torch.strided:
+            return
+        try:
+            st = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):   # a wrapper without storage of its own
+            return
+        if t.device == on and st.nbytes() and st.data_ptr() not in found:
+            found[st.data_ptr()] = (st.nbytes(), StorageWeakRef(st))
+        if t.grad_fn is not None:
+            nodes.append(t.grad_fn)
+
+    for obj in gc.get_objects():
+        if issubclass(type(obj), torch.Tensor):
+            add(obj)
+            if obj.is_leaf or obj.retains_grad:   # a non-leaf's .grad warns and is None
+                add(obj.grad)
+    while nodes:
+        node = nodes.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        nodes += [next_node for next_node, _ in node.next_functions]
+        for value in _saved(node):
+            add(value)
+    return found
+
+
+def _saved(node: Any) -> list[Any]:
+    """What autograd node `node` keeps for backward: a built-in node's _saved_* fields, a
+    custom Function's saved tensors and its ctx attributes."""
+    out: list[Any] = []
+    for name in [n for n in dir(node) if n.startswith("_saved_")] + ["saved_tensors"]:
+        try:
+            value = getattr(node, name)
+        except (AttributeError, RuntimeError):   # none, or freed by a backward that has run
+            continue
+        out += list(value) if isinstance(value, (list, tuple)) else [value]
+    for value in vars(node).values() if hasattr(node, "__dict__") else ():
+        out += list(value) if isinstance(value, (list, tuple)) else [value]
+    return out
+
+
 class FootprintPicture(Picture):
     """Model-state bytes per moment of a step: text in a terminal, SVG lines in a notebook."""
 
@@ -184,4 +306,4 @@ class FootprintPicture(Picture):
         return "".join(out)
 
 
-__all__ = ["Footprint", "FootprintPicture", "Sample", "record"]
+__all__ = ["Followed", "Footprint", "FootprintPicture", "Held", "Sample", "held", "record"]

@@ -61,3 +61,74 @@ def test_footprint_measures_what_the_formulas_say(warm):
         assert fsdp.samples[-1].optimizer == 2 * 8 * shards + 3 * 4
         assert "layers.1 forward begins" in str(fsdp.picture(formula))
         assert "<svg" in fsdp.picture(formula)._repr_svg_()
+
+
+# -- held(): every tensor, wherever it is kept -------------------------------------------------
+
+POOL: list = []
+
+
+def _kept_in_every_way():
+    """Bytes a window leaves held when what it makes is kept in a global list, an attribute, a
+    closure, autograd's saved tensors, a view of a bigger storage, or nowhere; one storage seen
+    through two tensors counts once."""
+    class Holder:
+        pass
+
+    holder, out = Holder(), {}
+    for how in ("nowhere", "global", "attribute", "closure", "saved", "view", "twice"):
+        with dl.footprint.held() as mem:
+            t = torch.zeros(100, dtype=torch.float64)          # 800 bytes
+            if how == "global":
+                POOL.append(t)
+            elif how == "attribute":
+                holder.kept = t
+            elif how == "closure":
+                holder.read = (lambda kept=t: kept)            # noqa: E731
+            elif how == "saved":
+                leaf = torch.ones(100, dtype=torch.float64, requires_grad=True)
+                holder.out = (leaf * 2).sin()     # keeps leaf * 2 for backward, and itself
+            elif how == "view":
+                holder.view = t[:1]               # the whole storage stays
+            elif how == "twice":
+                holder.a, holder.b = t, t.view(10, 10)
+            mem.mark("made")
+            del t
+        out[how] = (mem.at("made"), mem.end)
+    POOL.clear()
+    return out
+
+
+def test_held_counts_each_storage_once_wherever_it_is_kept():
+    out = _kept_in_every_way()
+    assert out["nowhere"] == (800, 0)
+    for how in ("global", "attribute", "closure", "view", "twice"):
+        assert out[how][1] == 800, (how, out[how])
+    # the leaf (800), the sin's input saved for backward (800), the result (800), and the
+    # multiplication's scalar
+    assert 3 * 800 <= out["saved"][1] <= 3 * 800 + 8, out["saved"]
+
+
+def _followed_through_a_handle():
+    rank, peer = torch.distributed.get_rank(), 1 - torch.distributed.get_rank()
+    followed, handles = dl.footprint.Followed(), []
+    for _ in range(3):
+        t = torch.full((4,), float(rank))
+        followed(t)
+        if rank == 0:
+            handles.append(torch.distributed.isend(t.detach()[:2], peer))
+        else:
+            torch.distributed.recv(torch.empty(2), peer)
+        del t
+    alive_with_handles = followed.alive()
+    while handles:
+        handles.pop().wait()
+    return alive_with_handles, followed.alive()
+
+
+def test_followed_sees_a_storage_a_send_handle_keeps(warm):
+    """A view sent with isend is kept by the handle in C++: the storage stays allocated until
+    the handle is dropped, which a weak reference to the Python tensor would not see."""
+    res = dl.launch(_followed_through_a_handle, world_size=2, stream=False)
+    assert res.values[0][1] == 0 and res.values[1] == (0, 0)
+    assert res.values[0][0] == 3
