@@ -783,7 +783,8 @@ def test_every_variant_is_graded_and_nbgrader_grades_a_sample_where_tests_hand_c
         if set(by_nbgrader(name)) & set(in_one_job(name)):
             sampled.append(name)
     assert sampled == [n for n in ASSIGNMENTS if variants(n) and hands_over_its_own_code(n)]
-    assert len(sampled) >= 4   # 03's and 09's stand-ins, 07's and 10's on_learners_side
+    if set(ASSIGNMENTS) == set(course.assignments(ROOT)):   # not limited by DPMP_LAB_ASSIGNMENTS
+        assert len(sampled) >= 4   # 03's and 09's stand-ins, 07's and 10's on_learners_side
 
 
 @pytest.mark.parametrize("name", ASSIGNMENTS)

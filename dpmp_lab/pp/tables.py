@@ -63,9 +63,9 @@ def interleaved_1f1b(p: int, m: int, n_chunks: int = 2, *, backward_cost: int = 
     chunks counted down. Rank r warms up with (v - 1) p + 2 (p - 1 - r) forwards (all of them
     when that is more), then alternates one F and one B, then cools down. Why m must be a
     multiple of p: the order is counted in whole rounds of p micro-batches per chunk, and a
-    shorter last round would name micro-batches that do not exist (Megatron refuses such an m;
-    torch's version regroups m into rounds of m // (m // p) when that divides m). Megatron also
-    runs the whole step as warm-up when m == p; this follows torch there.
+    shorter last round would name micro-batches that do not exist (the paper's rule; torch's
+    version regroups m into rounds of m // (m // p) when that divides m, and Megatron-LM makes
+    the group size a setting, microbatch_group_size_per_vp_stage).
     """
     _check_sizes(p, m)
     v = whole_number("n_chunks", n_chunks, at_least=2,
@@ -73,7 +73,7 @@ def interleaved_1f1b(p: int, m: int, n_chunks: int = 2, *, backward_cost: int = 
                           "one_f_one_b)")
     if m % p:
         raise ValueError(f"interleaved 1F1B sends micro-batches through each chunk in rounds "
-                         f"of p={p}, so m must be a multiple of p (Megatron's rule); m={m} is "
+                         f"of p={p}, so m must be a multiple of p (Narayanan et al. 2021); m={m} is "
                          f"not: use m={m + p - m % p}")
     total = v * m
 

@@ -62,7 +62,7 @@ LOSS_NOT_DIVIDED_BY_M = _edit("runner", ("                out = loss / m\n",
 
 BLOCKING_SENDS = _edit(
     "runner",
-    ("                pending.append(stage.send_activation(out, j))",
+    ("                sent = stage.send_activation(out, j)",
      "                dist.send(out.detach(), dst=stage.next_rank, tag=j)"),
     ("                pending.append(stage.send_grad(inp.grad, j))",
      "                dist.send(inp.grad, dst=stage.prev_rank, tag=j)"))
@@ -83,8 +83,18 @@ ALL_REDUCES_THE_LOSSES = _edit(
 
 # Right numbers and messages; every micro-batch's input and output stay in `kept` to the end:
 # GPipe's activation memory under a 1F1B row.
-KEEPS_EVERY_MICROBATCH = _edit("runner", ("            inp, out = kept.pop(j)\n",
-                                          "            inp, out = kept[j]\n"))
+KEEPS_EVERY_MICROBATCH = _edit("runner", ("            inp, out, sent = kept.pop(j)\n",
+                                          "            inp, out, sent = kept[j]\n"))
+
+# Right numbers and messages; every send's handle kept to the end, and with it the activation
+# it sends (the handle holds a detached view of it): GPipe's memory on the first stages.
+KEEPS_EVERY_HANDLE = _edit(
+    "runner",
+    ("                sent = stage.send_activation(out, j)\n",
+     "                pending.append(stage.send_activation(out, j))   # all waited at the end\n"),
+    ("            if sent is not None:\n"
+     "                sent.work.wait()   # delivered: the next stage has sent its gradient back\n",
+     ""))
 
 RUNNER_FROM_THE_LIBRARY = {"runner": '''
 def run_stage(actions, stage, x, y, loss_fn):
@@ -98,6 +108,14 @@ def run_stage(actions, stage, x, y, loss_fn):
 '''}
 
 # -- Exercise 4: activation memory ----------------------------------------------------------
+
+# the forwards before the first backward: the peak on every naive, GPipe and 1F1B row, not on
+# a row where a later stretch of forwards holds more
+INDEX_OF_THE_FIRST_B = {"peak": '''
+def peak_in_flight(row):
+    """Most micro-batches whose forward is done and backward not yet, at any point of row."""
+    return next(i for i, action in enumerate(row) if action.startswith("B"))
+'''}
 
 COUNTS_FORWARDS_ONLY = {"peak": '''
 def peak_in_flight(row):
@@ -281,6 +299,10 @@ VARIANTS = [
     {"name": "runner: right numbers and messages, but keeps every micro-batch to the end",
      "replace": KEEPS_EVERY_MICROBATCH, "loses": ["runner_tests"],
      "visible": ["runner_tests"], "visible_says": ["pp.activations_kept"]},
+    {"name": "runner: right numbers and messages, but keeps every send's handle (and so its "
+             "activation) to the end",
+     "replace": KEEPS_EVERY_HANDLE, "loses": ["runner_tests"],
+     "visible": ["runner_tests"], "visible_says": ["pp.activations_kept"]},
     {"name": "runner: right numbers, plus an all-reduce of the losses",
      "replace": ALL_REDUCES_THE_LOSSES, "loses": ["runner_comm_tests"],
      "visible": ["runner_comm_tests"], "visible_says": ["send/recv only"]},
@@ -290,6 +312,9 @@ VARIANTS = [
     {"name": "peak activations: counts every forward, ignores the backwards",
      "replace": COUNTS_FORWARDS_ONLY, "loses": ["peak_tests"],
      "visible": ["peak_tests"], "visible_says": ["in flight from its F to its B"]},
+    {"name": "peak activations: the forwards before the first backward",
+     "replace": INDEX_OF_THE_FIRST_B, "loses": ["peak_tests"],
+     "visible": ["peak_tests"], "visible_says": ["wherever in the row"]},
     {"name": "peak activations: the library's Schedule.peak_in_flight (switched off)",
      "replace": COUNT_FROM_THE_LIBRARY, "loses": ["peak_tests"],
      "visible": ["peak_tests"], "visible_says": ["is switched off"]},

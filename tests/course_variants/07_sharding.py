@@ -53,6 +53,20 @@ VARIANTS = [
                "            mine = torch.empty_like(padded)[:size]\n"), (
                "shards[name] = mine / world", "shards[name] = mine.div_(world)")),
            "loses": _Z2, "visible_says": ["keeps that whole tensor alive"]}),
+    _seen({"name": "each padded full-size gradient kept in a list the hooks share",
+           "replace": _edit("zero2_hooks", (
+               "    world = dist.get_world_size()\n",
+               "    world = dist.get_world_size()\n    buffers = []\n"), (
+               "            mine = torch.empty(size, dtype=p.grad.dtype, device=p.grad.device)\n",
+               "            buffers.append(padded)          # reused next step\n"
+               "            mine = torch.empty(size, dtype=p.grad.dtype, device=p.grad.device)\n")),
+           "loses": _Z2, "visible_says": ["wherever a tensor is kept"]}),
+    _seen({"name": "the padded gradient kept as an attribute of its parameter",
+           "replace": _edit("zero2_hooks", (
+               "            mine = torch.empty(size, dtype=p.grad.dtype, device=p.grad.device)\n",
+               "            p.padded_grad = padded\n"
+               "            mine = torch.empty(size, dtype=p.grad.dtype, device=p.grad.device)\n")),
+           "loses": _Z2, "visible_says": ["wherever a tensor is kept"]}),
     {"name": "right: the list form of reduce_scatter, divided in place",
      "replace": _edit("zero2_hooks", (
          "            dist.reduce_scatter_single(mine, padded, op=dist.ReduceOp.SUM)\n"
@@ -88,6 +102,19 @@ VARIANTS = [
                "        ctx.sizes = (out_features, in_features)\n",
                "        ctx.sizes = (out_features, in_features)\n        ctx.wb = (w, b)\n")),
            "loses": _UNIT, "visible_says": ["forward must free the gathered weight"]}),
+    _seen({"name": "every gathered weight kept in a module-level pool, gathered again anyway",
+           "replace": _edit("sharded_linear", (
+               "class ShardedLinearFunction(torch.autograd.Function):\n",
+               "GATHERED = []                # every unit's whole weight, for reuse\n\n\n"
+               "class ShardedLinearFunction(torch.autograd.Function):\n"), (
+               "        ctx.sizes = (out_features, in_features)\n",
+               "        ctx.sizes = (out_features, in_features)\n        GATHERED.append(full)\n")),
+           "loses": _UNIT, "visible_says": ["wherever a tensor is kept"]}),
+    _seen({"name": "the gathered weight kept as an attribute of its shard, gathered again anyway",
+           "replace": _edit("sharded_linear", (
+               "        ctx.sizes = (out_features, in_features)\n",
+               "        ctx.sizes = (out_features, in_features)\n        shard.whole = full\n")),
+           "loses": _UNIT, "visible_says": ["wherever a tensor is kept"]}),
     _seen({"name": "an all-reduce of the weight gradient where a reduce-scatter belongs",
            "replace": _edit("sharded_linear", (
                "        grad_shard = torch.empty_like(shard)\n"
@@ -118,7 +145,14 @@ VARIANTS = [
                "    return out.float()",
                "    dist.reduce_scatter_single(out, grad16, op=dist.ReduceOp.SUM)\n"
                "    return out.float() / world")),
-           "loses": _FP16, "visible_says": ["reducing before dividing in fp16"]}),
+           "loses": _FP16, "visible_says": ["overflowed fp16"]}),
+    _seen({"name": "a pre-divide factor of 2 before the SUM, the rest after: overflows on 4 ranks",
+           "replace": _edit("reduce_scatter_fp16", (
+               "    dist.reduce_scatter_single(out, grad16 / world, op=dist.ReduceOp.SUM)\n"
+               "    return out.float()",
+               "    dist.reduce_scatter_single(out, grad16 / 2, op=dist.ReduceOp.SUM)\n"
+               "    return out.float() * 2 / world")),
+           "loses": _FP16, "visible_says": ["on 4 ranks"]}),
     _seen({"name": "the shard returned in fp16, not for the fp32 master weights",
            "replace": _edit("reduce_scatter_fp16", ("    return out.float()", "    return out")),
            "loses": _FP16, "visible_says": ["as float32"]}),
@@ -129,13 +163,20 @@ VARIANTS = [
                "dist.reduce_scatter_single(out, grad16 / world, op=dist.ReduceOp.SUM)",
                "dist.reduce_scatter_single(out, grad16.float() / world, op=dist.ReduceOp.SUM)")),
            "loses": _FP16, "visible_says": ["reduce in fp16"]}),
-    {"name": "right: pre- and post-divided by sqrt(N), as torch's FSDP1 splits the division",
+    # FSDP1's split keeps small gradients' digits, and lets 4 ranks' gradients of 40000 overflow
+    _seen({"name": "pre- and post-divided by sqrt(N): overflows on 4 ranks",
+           "replace": _edit("reduce_scatter_fp16", (
+               "    dist.reduce_scatter_single(out, grad16 / world, op=dist.ReduceOp.SUM)\n"
+               "    return out.float()",
+               "    pre = world ** 0.5\n"
+               "    dist.reduce_scatter_single(out, grad16 / pre, op=dist.ReduceOp.SUM)\n"
+               "    return out.float() / pre")),
+           "loses": _FP16, "visible_says": ["on 4 ranks"]}),
+    {"name": "right: divided in place before the SUM, on a copy",
      "replace": _edit("reduce_scatter_fp16", (
-         "    dist.reduce_scatter_single(out, grad16 / world, op=dist.ReduceOp.SUM)\n"
-         "    return out.float()",
-         "    pre = world ** 0.5\n"
-         "    dist.reduce_scatter_single(out, grad16 / pre, op=dist.ReduceOp.SUM)\n"
-         "    return out.float() / pre")),
+         "    dist.reduce_scatter_single(out, grad16 / world, op=dist.ReduceOp.SUM)\n",
+         "    scaled = grad16.clone().div_(world)\n"
+         "    dist.reduce_scatter_single(out, scaled, op=dist.ReduceOp.SUM)\n")),
      "loses": []},
     # -- 4 activation checkpointing ----------------------------------------------------------------
     _seen({"name": "the block's output saved as well: nothing is saved by checkpointing",

@@ -26,6 +26,17 @@ WARMUP_OF_1F1B = _edit("interleaved_table",
                        ("warmup = min((v - 1) * p + 2 * (p - 1 - r), total)",
                         "warmup = min((v - 1) * p + (p - 1 - r), total)"))
 
+# the warm-up as long as the trip back, even where a rank has fewer forwards than that (p = 4,
+# m = 4, v = 2: rank 0 would warm up with 10 of its 8): an IndexError, or a wrong row
+WARMUP_NOT_CAPPED = _edit("interleaved_table",
+                          ("warmup = min((v - 1) * p + 2 * (p - 1 - r), total)",
+                           "warmup = (v - 1) * p + 2 * (p - 1 - r)"))
+
+# the steady state's pair the other way round: the oldest backward, then the next forward
+STEADY_STATE_B_FIRST = _edit("interleaved_table",
+                             ("            row += [action(\"F\", warmup + i), action(\"B\", i)]",
+                              "            row += [action(\"B\", i), action(\"F\", warmup + i)]"))
+
 BACKWARD_CHUNKS_COUNTED_UP = _edit(
     "interleaved_table",
     ('chunk = within // p if kind == "F" else v - 1 - within // p', "chunk = within // p"))
@@ -165,6 +176,9 @@ INPUT_ARGS_OF_THE_DEMO = _edit(
                    "                            input_args=torch.zeros(1, 4, device=dev))\n"
                    "              for k in mine]"))
 
+TWO_CHUNKS_HARD_CODED = _edit("torch_step", ("mine = [c * p + rank for c in range(v)]",
+                                             "mine = [rank, rank + p]"))
+
 NO_TARGET_ON_THE_LAST_RANK = _edit("torch_step", ("    if v * p - 1 in mine:\n",
                                                   "    if False:\n"))
 
@@ -189,6 +203,12 @@ VARIANTS = [
     {"name": "interleaved: 1F1B's warm-up, without the trip back",
      "replace": WARMUP_OF_1F1B, "loses": ["interleaved_tests"],
      "visible": ["interleaved_tests"], "visible_says": ["forwards before its first backward"]},
+    {"name": "interleaved: the warm-up not capped at the v m forwards a rank has",
+     "replace": WARMUP_NOT_CAPPED, "loses": ["interleaved_tests"],
+     "visible": ["interleaved_tests"]},
+    {"name": "interleaved: the steady state runs the backward before the forward",
+     "replace": STEADY_STATE_B_FIRST, "loses": ["interleaved_tests"],
+     "visible": ["interleaved_tests"], "visible_says": ["steady state"]},
     {"name": "interleaved: backwards through the chunks counted up",
      "replace": BACKWARD_CHUNKS_COUNTED_UP, "loses": ["interleaved_tests"],
      "visible": ["interleaved_tests"], "visible_says": ["counted down"]},
@@ -239,6 +259,9 @@ VARIANTS = [
      "replace": LAZY_W, "loses": []},
     {"name": "ZB-H2's peak taken for ZB-H1's",
      "replace": ZB_H2_PEAK_OF_ZB_H1, "loses": ["zb_h2_peak_tests"]},
+    {"name": "torch_step: two chunks per rank hard-coded (v = 3 goes wrong)",
+     "replace": TWO_CHUNKS_HARD_CODED, "loses": ["torch_step_tests"],
+     "visible": ["torch_step_tests"]},
     {"name": "torch: contiguous chunks per rank, not interleaved",
      "replace": CONTIGUOUS_CHUNKS, "loses": ["torch_step_tests"],
      "visible": ["torch_step_tests"], "visible_says": ["r + p"]},
