@@ -39,7 +39,7 @@ submission_secret.txt beside the notebook; every other submission was placed by 
 
 It is graded twice: the whole class with two jobs, in the sandbox, with tight limits, from a
 course root given as a relative path and with a temp folder of its own (what is left in it is
-ours to count); and three of the honest learners (AGAIN) alone, with one job, in a course of
+ours to count); and two of the honest learners (AGAIN) alone, with one job, in a course of
 their own and without cgroups (rlimits alone), to compare.
 """
 
@@ -81,9 +81,9 @@ NOT_GRADED = {"fay_l17", "gus_l17"}
 VICTIM = "ada_l17"
 DUE = datetime(2026, 12, 1, 12, 0)          # UTC, as nbgrader keeps it
 LATE = {"dee_l17": ("2026-12-01 14:30:00.000000 UTC", "5eb" * 40)}   # timestamp, secret
-# graded again with one job: a right answer, a wrong one, a dead kernel (the others would only
-# cost their minutes again)
-AGAIN = {"ada_l17", "cy_l17", "gus_l17"}
+# graded again with one job: a wrong answer (its partial score) and a dead kernel (the others
+# would only cost their minutes again)
+AGAIN = {"cy_l17", "gus_l17"}
 
 SNAPSHOT = '''import sys
 sys.modules["dpmp_lab.integrity"]._snapshot.clear()
