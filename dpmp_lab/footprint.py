@@ -223,7 +223,7 @@ def _storages(on: torch.device) -> dict[int, tuple[int, StorageWeakRef]]:
             st = t.untyped_storage()
         except (RuntimeError, NotImplementedError):   # a wrapper without storage of its own
             return
-        if t.device == on and st.nbytes() and st.data_ptr() not in found:
+        if _on(t.device, on) and st.nbytes() and st.data_ptr() not in found:
             found[st.data_ptr()] = (st.nbytes(), StorageWeakRef(st))
         if t.grad_fn is not None:
             nodes.append(t.grad_fn)
@@ -242,6 +242,11 @@ def _storages(on: torch.device) -> dict[int, tuple[int, StorageWeakRef]]:
         for value in _saved(node):
             add(value)
     return found
+
+
+def _on(where: torch.device, on: torch.device) -> bool:
+    """Whether a tensor on `where` lives on device `on` (the device audit's "cpu:0" is the CPU)."""
+    return where.type == on.type and (on.type == "cpu" or where.index == on.index)
 
 
 def _saved(node: Any) -> list[Any]:

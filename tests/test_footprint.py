@@ -132,3 +132,10 @@ def test_followed_sees_a_storage_a_send_handle_keeps(warm):
     res = dl.launch(_followed_through_a_handle, world_size=2, stream=False)
     assert res.values[0][1] == 0 and res.values[1] == (0, 0)
     assert res.values[0][0] == 3
+
+
+def test_held_on_the_device_audits_stand_in_counts_the_cpu():
+    """Under the device audit dl.device() is "cpu:0": the CPU's tensors are its tensors."""
+    with dl.footprint.held("cpu:0") as mem:
+        kept = torch.zeros(10)
+    assert mem.end == 40 and kept.numel() == 10
