@@ -220,7 +220,7 @@ def pp_bubble(schedule: str, p: int, m: int, v: int = 1, *, t_f: float = 1.0,
       made of chunks, so I shrinks v times: (p-1)/(v m + p-1) of the step, (p-1)/(v m) of
       the ideal time (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training
       on GPU Clusters Using Megatron-LM", Section 2.2.2; m a multiple of p).
-    - zbh1 (Qi et al. 2023, "Zero Bubble Pipeline Parallelism", Section 2.1): the W passes fill
+    - zbh1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", Section 2.1): the W passes fill
       the drain, I = (p-1)(t_f + t_b - t_w); 1F1B on the same model idles (p-1)(t_f + t_b +
       t_w), so with equal times a third of it. Needs m >= p, and t_w <= t_f: a W fills a slot
       a forward left, so a longer W fills no more (I = (p-1)(t_f + t_b - min(t_w, t_f)), as

@@ -105,7 +105,7 @@ def test_pipeline_bubbles_are_the_papers():
     assert cost.pp_bubble("interleaved", p, m, 4, relative_to="ideal") == \
         pytest.approx((p - 1) / (4 * m))
     assert cost.pp_bubble("GPipe", p, m) == pytest.approx((p - 1) / (m + p - 1))
-    # Qi et al. 2023, equal F, B and W: ZB-H1 idles a third of 1F1B's (p-1)/m, ZB-H2 nothing
+    # Qi et al. 2024, equal F, B and W: ZB-H1 idles a third of 1F1B's (p-1)/m, ZB-H2 nothing
     # once steps run back to back
     assert cost.pp_bubble("zb-h1", p, m, relative_to="ideal") == pytest.approx((p - 1) / (3 * m))
     assert cost.pp_bubble("zbh2", p, m, relative_to="ideal") == pytest.approx((p - 1) / (3 * m))

@@ -25,7 +25,7 @@ smaller bubble. Two ways to shrink it further:
 - interleaved 1F1B (Megatron-LM's virtual stages): each rank holds v chunks of layers, rank
   r the model stages r, r + p, ...; the fill and drain are made of chunks v times shorter, so
   the bubble is (p - 1) / (v m + p - 1), for v times the point-to-point messages.
-- zero bubble (Qi et al. 2023): the backward split into B (the input gradient, which the
+- zero bubble (Qi et al. 2024): the backward split into B (the input gradient, which the
   previous stage waits for) and W (the weight gradients, which nobody waits for), so that Ws
   fill the idle slots. ZB-H1 keeps 1F1B's peak memory for a third of its bubble (F = B = W);
   ZB-H2 holds 2p - 1 micro-batches and leaves no pause inside any stage.

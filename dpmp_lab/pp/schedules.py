@@ -15,7 +15,7 @@ c * p + r of the model (Megatron's and torch's interleaved layout: rank r holds 
 r + p, ...). A "B" is the whole backward (input and weight gradients) unless its rank's list
 also has W actions: then B computes only the gradient of the stage's input, which the previous
 stage waits for, and a later W of the same micro-batch and chunk computes the weight gradients,
-which nobody waits for (Qi et al. 2023, "Zero Bubble Pipeline Parallelism").
+which nobody waits for (Qi et al. 2024, "Zero Bubble Pipeline Parallelism").
 """
 
 from __future__ import annotations

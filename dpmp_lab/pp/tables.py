@@ -94,7 +94,7 @@ def interleaved_1f1b(p: int, m: int, n_chunks: int = 2, *, backward_cost: int = 
 
 
 def zb_h1(p: int, m: int, *, backward_cost: int = 1, weight_cost: int = 1) -> Schedule:
-    """ZB-H1 (Qi et al. 2023, Section 2.1, Figure 3 top): 1F1B with the backward split in two.
+    """ZB-H1 (Qi et al. 2024, Section 2.1, Figure 3 top): 1F1B with the backward split in two.
 
     Each stage runs 1F1B's forwards and its B (input gradient) in 1F1B's order, so gradients
     reach the previous stage sooner; stage s postpones its W (weight gradient) by s backwards
@@ -120,7 +120,7 @@ def zb_h1(p: int, m: int, *, backward_cost: int = 1, weight_cost: int = 1) -> Sc
 
 
 def zb_h2(p: int, m: int, *, backward_cost: int = 1, weight_cost: int = 1) -> Schedule:
-    """ZB-H2 (Qi et al. 2023, Section 2.2, Figure 3 bottom): zero bubble for more memory.
+    """ZB-H2 (Qi et al. 2024, Section 2.2, Figure 3 bottom): zero bubble for more memory.
 
     More forwards in the warm-up fill the wait for the first gradient, and W passes fill the
     drain, so with equal F, B and W and m >= 2p - 1 each stage works without a pause from its
