@@ -381,8 +381,9 @@ def hands_over_its_own_code(name: str) -> bool:
     """Whether a cell of the notebook's own (not a learner's) hands the learner's side a
     function of its own through dl.check (HANDS_OVER): the one path where a test's code runs in
     the learner's kernel, and so where the two ways of grading could part."""
-    learners = set(cells_by_kind(source_notebook(name), "solution"))
-    for cell in source_notebook(name).cells:
+    nb = source_notebook(name)
+    learners = set(cells_by_kind(nb, "solution"))
+    for cell in nb.cells:
         if (cell.cell_type != "code"
                 or cell.metadata.get("nbgrader", {}).get("grade_id") in learners):
             continue
