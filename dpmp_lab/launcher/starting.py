@@ -26,7 +26,8 @@ from dpmp_lab._helpers import ipython_shell
 START_METHODS = ("forkserver", "fork", "spawn")
 # torch._dynamo: the first torch.optim optimizer a rank creates imports it (0.9 s here), which
 # would otherwise be paid by every launch that trains; the forkserver pays it once.
-PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "dpmp_lab"]
+# dpmp_lab.preloaded, last: the rest frozen out of the ranks' garbage collector's sight.
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "dpmp_lab", "dpmp_lab.preloaded"]
 WARM_ENV = "DPMP_LAB_WARM"
 
 _start_lock = threading.Lock()
