@@ -591,3 +591,30 @@ def test_zero_1_2_3_line_up(warm):
         # stage 2 pads each tensor to 2 chunks: weights 30, 42, 35 and biases 6, 7, 5 elements
         assert out[2][2] == sum(-(-n // 2) for n in (30, 6, 42, 7, 35, 5)) == 64
         assert out[3][2] == 18 + 25 + 20
+
+
+def forward_decides() -> dict:
+    """The all-reduces of a backward whose forward ran inside no_sync and it outside, and the
+    other way round: as torch's DDP, the forward decides."""
+    model = DataParallel(TinyMLP(seed=dist.get_rank()), bucket_mb=SMALL)
+    x, y = regression_batch(8, seed=4)
+    out = {}
+    with model.no_sync():
+        loss = F.mse_loss(model(x), y)
+    with dl.trace() as out["forward inside"]:
+        loss.backward()
+        model.finish_gradient_sync()
+    model.zero_grad()
+    loss = F.mse_loss(model(x), y)
+    with dl.trace() as out["backward inside"], model.no_sync():
+        loss.backward()
+    with dl.trace() as out["finish"]:
+        model.finish_gradient_sync()
+    return {k: len(t.events) for k, t in out.items()} | {"buckets": model.num_buckets}
+
+
+def test_no_sync_is_decided_by_the_forward_as_in_torch_ddp(warm):
+    res = dl.launch(forward_decides, world_size=2, stream=False)
+    for v in res.values:
+        assert v["forward inside"] == 0
+        assert v["backward inside"] + v["finish"] == v["buckets"] > 0

@@ -472,3 +472,49 @@ def test_chunks_are_checked_on_ranks(warm):
     assert "the schedule runs 2 chunks per rank, but this rank passed 1 stage(s)" in one_stage
     assert "n_chunks=2: only the interleaved schedule" in not_interleaved
     assert "chunk=2: the chunks of a rank holding 2 are 0..1" in chunk
+
+
+def torch_schedule_steps(cases):
+    """Per case (schedule class, m, v, layout): this rank's losses and gradients after one step
+    of pp.torch_schedule, with the chunks laid out as torch wants them or contiguously."""
+    import torch.nn.functional as F
+
+    rank, p = dist.get_rank(), dist.get_world_size()
+    out = []
+    for name, m, v, layout in cases:
+        model = dl.models.TinyMLP(d_in=4, d_hidden=8, d_out=2, n_hidden=4, seed=0).double()
+        pieces = pp.split_pieces(list(model.layers), v * p)
+        mine = ([pieces[k * p + rank] for k in range(v)] if layout == "interleaved"
+                else pieces[rank * v:(rank + 1) * v])
+        x, y = dl.models.regression_batch(2 * m, 4, 2, seed=1)
+        losses = pp.torch_schedule(mine, name, m, F.mse_loss)(x.double(), y.double())
+        out.append((None if losses is None else [float(t) for t in losses],
+                    {n: q.grad.clone() for n, q in model.named_parameters()
+                     if q.grad is not None}))
+    return out
+
+
+def test_torch_schedule_lays_chunks_out_as_torch_wants_them(warm):
+    import torch.nn.functional as F
+
+    cases = [("ScheduleInterleaved1F1B", 4, 2, "interleaved"),
+             ("ScheduleInterleavedZeroBubble", 4, 1, "interleaved"),
+             ("ScheduleGPipe", 2, 1, "interleaved"),
+             ("ScheduleInterleaved1F1B", 4, 2, "contiguous")]
+    res = dl.launch(torch_schedule_steps, cases, world_size=2, timeout=60, stream=False)
+    for i, (name, m, _, layout) in enumerate(cases):
+        model = dl.models.TinyMLP(d_in=4, d_hidden=8, d_out=2, n_hidden=4, seed=0).double()
+        x, y = dl.models.regression_batch(2 * m, 4, 2, seed=1)
+        pairs = zip(x.double().chunk(m), y.double().chunk(m), strict=True)
+        want = [F.mse_loss(model(a), b) for a, b in pairs]
+        torch.stack(want).mean().backward()
+        assert res.values[0][i][0] is None
+        got = res.values[1][i][0]
+        if layout == "contiguous":   # the check can fail: another order of layers, another model
+            assert got != pytest.approx([t.item() for t in want], rel=1e-6)
+            continue
+        assert got == pytest.approx([t.item() for t in want], rel=1e-10, abs=1e-12)
+        grads = {**res.values[0][i][1], **res.values[1][i][1]}
+        assert sorted(grads) == sorted(n for n, _ in model.named_parameters())
+        for n, q in model.named_parameters():
+            dl.check.close(grads[n], q.grad, name=f"{name}: grad {n}", rtol=1e-10, atol=1e-12)

@@ -97,6 +97,7 @@ class DataParallel(nn.Module):
         self._buckets = self._make_buckets(trainable)
         self._bucket_of = {i: b for b in self._buckets for i in b.params}
         self._sync_enabled = True      # False inside no_sync()
+        self._backward_syncs = True    # whether the last forward ran outside no_sync()
         self._reset_round()
         for i, p in enumerate(self._params):
             p.register_post_accumulate_grad_hook(_hook(weakref.ref(self), i))
@@ -116,13 +117,18 @@ class DataParallel(nn.Module):
             raise RuntimeError("the gradients of the last backward were never averaged: call "
                                "model.finish_gradient_sync() after backward and before "
                                "optimizer.step(), or, to accumulate gradients over several "
-                               "backwards, run all but the last inside `with model.no_sync():`")
+                               "backwards, run the forward and backward of all but the last "
+                               "inside `with model.no_sync():`")
+        if torch.is_grad_enabled():    # as in torch's DDP, the forward decides for its backward
+            self._backward_syncs = self._sync_enabled
         return self.module(*args, **kwargs)
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
-        """Accumulate gradients locally: a backward run inside sends nothing. The next backward
-        outside it sends the accumulated sum (gradient accumulation over micro-batches)."""
+        """Accumulate gradients locally: the backward of a forward run inside sends nothing.
+        The next backward of a forward outside it sends the accumulated sum (gradient
+        accumulation over micro-batches). As in torch's DistributedDataParallel, the forward
+        decides: a forward outside with its backward inside still sends."""
         before = self._sync_enabled
         self._sync_enabled = False
         try:
@@ -133,9 +139,9 @@ class DataParallel(nn.Module):
     def finish_gradient_sync(self) -> None:
         """Send the buckets backward did not send, wait for all, write the averages to p.grad.
 
-        A no-op when no gradient arrived since the last call (calling it twice, or after a
-        backward inside no_sync), so nothing is averaged twice. A second backward before this
-        call would mix gradients that were already sent with ones that were not: it raises
+        A no-op when no gradient arrived since the last call (calling it twice, or after the
+        backward of a forward inside no_sync), so nothing is averaged twice. A second backward
+        before this call would mix gradients that were already sent with ones that were not: it raises
         RuntimeError here, after the collectives complete on every rank (no hang), and leaves
         p.grad holding the local, unaveraged sums.
         """
@@ -153,8 +159,8 @@ class DataParallel(nn.Module):
                 "backward ran more than once since the last finish_gradient_sync(): the "
                 "gradients of the first backward were already sent, so the average would be "
                 "wrong and p.grad was left unaveraged. Call finish_gradient_sync() after every "
-                "backward, or, to accumulate gradients, run all but the last backward inside "
-                "`with model.no_sync():`")
+                "backward, or, to accumulate gradients, run the forward and backward of all "
+                "but the last inside `with model.no_sync():`")
 
     # -- inside: building buckets, broadcasting ------------------------------------------------
 
@@ -203,7 +209,7 @@ class DataParallel(nn.Module):
 
     def _grad_ready(self, index: int) -> None:
         """Runs inside backward, right after p.grad of parameter `index` was accumulated."""
-        if not self._sync_enabled:
+        if not self._backward_syncs:
             return
         self._round_open = True
         if self._ready[index]:

@@ -30,11 +30,12 @@ smaller bubble. Two ways to shrink it further:
   fill the idle slots. ZB-H1 keeps 1F1B's peak memory for a third of its bubble (F = B = W);
   ZB-H2 holds 2p - 1 micro-batches and leaves no pause inside any stage.
 
-Three modules: pp.schedules, what a schedule is (plain data, simulated on a time grid, no
+Four modules: pp.schedules, what a schedule is (plain data, simulated on a time grid, no
 process group needed); pp.tables, the schedules above; pp.runner, which cuts a model into
-stages and runs a schedule on real ranks.
+stages and runs a schedule on real ranks; pp.on_torch, the same on torch's own runner.
 """
 
+from dpmp_lab.pp.on_torch import torch_schedule
 from dpmp_lab.pp.runner import PipelineResult, Stage, run_schedule, split_pieces
 from dpmp_lab.pp.schedules import Action, Bubble, Schedule, Span, measured_bubble
 from dpmp_lab.pp.tables import (
@@ -51,5 +52,5 @@ from dpmp_lab.pp.tables import (
 
 __all__ = ["Action", "Bubble", "PipelineResult", "Stage", "SCHEDULES", "Schedule",
            "Span", "bubble_fraction", "gpipe", "interleaved_1f1b", "make_schedule",
-           "measured_bubble", "naive", "one_f_one_b", "run_schedule", "split_pieces", "zb_h1",
-           "zb_h2"]
+           "measured_bubble", "naive", "one_f_one_b", "run_schedule", "split_pieces",
+           "torch_schedule", "zb_h1", "zb_h2"]

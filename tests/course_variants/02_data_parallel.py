@@ -233,6 +233,27 @@ VARIANTS = [
          "        for p in model.parameters():\n"
          "            p.grad /= n_micro\n")),
      "loses": []},
+    {"name": "chunks of n_micro rows instead of n_micro chunks (the same at 16 rows, 4)",
+     "replace": _edit("accumulation_step", (
+         "xs, ys = x.chunk(n_micro), y.chunk(n_micro)",
+         "xs, ys = x.split(n_micro), y.split(n_micro)")),
+     "loses": ["accumulation_step_tests"],
+     "visible": ["accumulation_step_tests"]},
+    {"name": "the sum over the ranks divided twice: gradients and loss both divided by N",
+     "replace": _edit("dp_train_step", (
+         "    loss.backward()\n",
+         "    (loss / world).backward()\n")),
+     "loses": ["dp_train_step_tests"],
+     "visible": ["dp_train_step_tests"], "visible_says": ["every element is 1/3 of the reference"]},
+    {"name": "the forward outside no_sync, only the backward inside (torch's DDP then sends)",
+     "replace": _edit("accumulation_step", (
+         "        with contextlib.nullcontext() if last else model.no_sync():\n"
+         "            (F.mse_loss(model(xs[k]), ys[k]) / n_micro).backward()",
+         "        loss = F.mse_loss(model(xs[k]), ys[k]) / n_micro\n"
+         "        with contextlib.nullcontext() if last else model.no_sync():\n"
+         "            loss.backward()")),
+     "loses": ["accumulation_step_tests"],
+     "visible": ["accumulation_step_tests"], "visible_says": ["dp.accumulation_every_backward"]},
     {"name": "micro-batch losses not divided by the number of micro-batches",
      "replace": _edit("accumulation_step", (
          "(F.mse_loss(model(xs[k]), ys[k]) / n_micro).backward()",

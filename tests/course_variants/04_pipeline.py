@@ -137,6 +137,8 @@ COUNTS_ARE_BYTES = {"predict": "predict_rows = {4: (16, 16), 16: (64, 16)}"}
 
 SUM_NOT_AVERAGE = _edit("dp_pp", ("        flat /= grid.dp\n", ""))
 
+DIVIDED_BY_A_HARD_CODED_2 = _edit("dp_pp", ("        flat /= grid.dp\n", "        flat /= 2\n"))
+
 SYNC_EVERY_MICROBATCH = {"dp_pp": '''
 def dp_pp_step(grid, module, x, y, m):
     """Right numbers, but the gradients are all-reduced after every micro-batch."""
@@ -323,6 +325,9 @@ VARIANTS = [
     {"name": "DP x PP: sum over the replicas instead of the average",
      "replace": SUM_NOT_AVERAGE, "loses": ["dp_pp_tests"],
      "visible": ["dp_pp_tests"], "visible_says": ["not divided by 2"]},
+    {"name": "DP x PP: the replicas' sum divided by 2, right on dp = 2 only",
+     "replace": DIVIDED_BY_A_HARD_CODED_2, "loses": ["dp_pp_tests"],
+     "visible": ["dp_pp_tests"], "visible_says": ["pp.dp_fixed_divisor"]},
     {"name": "DP x PP: right numbers, synced after every micro-batch",
      "replace": SYNC_EVERY_MICROBATCH, "loses": ["dp_pp_comm_tests"],
      "visible": ["dp_pp_comm_tests"]},

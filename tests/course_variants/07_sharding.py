@@ -216,6 +216,18 @@ VARIANTS = [
                "        (grad_x,) = torch.autograd.grad(y, (x,), grad_y)\n"
                "        return None, grad_x")),
            "loses": _CKPT, "visible_says": ["got no gradient"]}),
+    _seen({"name": "the recomputation runs on the saved input itself, not a detached copy",
+           "replace": _edit("checkpoint", ("        x = x.detach().requires_grad_(True)\n", "")),
+           "loses": _CKPT, "visible_says": ["sharding.checkpoint_detach"]}),
+    _seen({"name": "the parameters' gradients set, not added: the last backward's only",
+           "replace": _edit("checkpoint", (
+               "        torch.autograd.backward(y, grad_y)\n        return None, x.grad",
+               "        params = list(ctx.block.parameters())\n"
+               "        grads = torch.autograd.grad(y, [x, *params], grad_y)\n"
+               "        for p, g in zip(params, grads[1:]):\n"
+               "            p.grad = g\n"
+               "        return None, grads[0]")),
+           "loses": _CKPT, "visible_says": ["sharding.checkpoint_accumulates"]}),
     {"name": "right: a fresh leaf by clone, and y.backward",
      "replace": _edit("checkpoint", (
          "x = x.detach().requires_grad_(True)", "x = x.clone().requires_grad_(True)"), (

@@ -50,8 +50,14 @@ def interleaved_table(p, m, v):
     return [[str(a) for a in row] for row in dl.pp.interleaved_1f1b(p, m, v).actions]
 '''}
 
-SENDS_WITHOUT_THE_WRAP = _edit("predict_sends",
-                               ("2: 2 * 8 * (2 * 4 - 1)", "2: 2 * 2 * 8 * (4 - 1)"))
+SENDS_WITHOUT_THE_WRAP = _edit("predict_sends", ("return 2 * m * (v * p - 1)",
+                                                 "return 2 * m * v * (p - 1)"))
+
+SENDS_READ_OFF_THE_TRACE = _edit("predict_sends", ("return 2 * m * (v * p - 1)",
+                                                   "return {1: 48, 2: 112}[v]"))
+
+SENDS_FROM_THE_LIBRARY = _edit("predict_sends", ("return 2 * m * (v * p - 1)",
+                                                 "return dl.cost.pp_messages(p, m, v)"))
 
 # -- Exercise 2: B and W ------------------------------------------------------------------------
 
@@ -179,6 +185,22 @@ INPUT_ARGS_OF_THE_DEMO = _edit(
 TWO_CHUNKS_HARD_CODED = _edit("torch_step", ("mine = [c * p + rank for c in range(v)]",
                                              "mine = [rank, rank + p]"))
 
+THE_LIBRARYS_TORCH_SCHEDULE = _edit(
+    "torch_step", ("""    mine = [c * p + rank for c in range(v)]          # rank r holds stages r, r + p, ...
+    stages = [PipelineStage(pieces[k], k, v * p, dev) for k in mine]
+    schedule = getattr(schedules, schedule_name)(stages, m, loss_fn=F.mse_loss)
+    kwargs = {}
+    if v * p - 1 in mine:
+        losses = []
+        kwargs = {"target": y, "losses": losses}
+    if 0 in mine:
+        schedule.step(x, **kwargs)
+    else:
+        schedule.step(**kwargs)
+""", """    mine = [pieces[c * p + rank] for c in range(v)]
+    losses = dl.pp.torch_schedule(mine, schedule_name, m, F.mse_loss)(x, y)
+"""))
+
 NO_TARGET_ON_THE_LAST_RANK = _edit("torch_step", ("    if v * p - 1 in mine:\n",
                                                   "    if False:\n"))
 
@@ -220,6 +242,11 @@ VARIANTS = [
      "visible": ["interleaved_tests"], "visible_says": ["is switched off"]},
     {"name": "messages: the wrap from the last rank to the first forgotten",
      "replace": SENDS_WITHOUT_THE_WRAP, "loses": ["predict_sends_tests"]},
+    {"name": "messages: the two counts the trace printed, for every p and m",
+     "replace": SENDS_READ_OFF_THE_TRACE, "loses": ["predict_sends_tests"]},
+    {"name": "messages: dl.cost's count (switched off while graded)",
+     "replace": SENDS_FROM_THE_LIBRARY, "loses": ["predict_sends_tests"],
+     "visible": ["predict_sends_tests"], "visible_says": ["is switched off"]},
     {"name": "W: the weight gradient transposed",
      "replace": WEIGHT_GRAD_TRANSPOSED, "loses": ["bw_linear_tests", "bw_stage_tests"],
      "visible": ["bw_linear_tests", "bw_stage_tests"], "visible_says": ["has shape"]},
@@ -264,13 +291,16 @@ VARIANTS = [
      "visible": ["torch_step_tests"]},
     {"name": "torch: contiguous chunks per rank, not interleaved",
      "replace": CONTIGUOUS_CHUNKS, "loses": ["torch_step_tests"],
-     "visible": ["torch_step_tests"], "visible_says": ["r + p"]},
+     "visible": ["torch_step_tests"], "visible_says": ["pp.torch_layout"]},
     {"name": "torch: p stages announced, not v p",
      "replace": P_STAGES_NOT_VP, "loses": ["torch_step_tests"],
      "visible": ["torch_step_tests"]},
-    {"name": "torch: the demo's input_args copied (float32, 4 wide)",
+    {"name": "torch: input_args of another shape and dtype (float32, 4 wide)",
      "replace": INPUT_ARGS_OF_THE_DEMO, "loses": ["torch_step_tests"],
      "visible": ["torch_step_tests"], "visible_says": ["input_args"]},
+    {"name": "torch: the library's torch_schedule, which the demo used (switched off)",
+     "replace": THE_LIBRARYS_TORCH_SCHEDULE, "loses": ["torch_step_tests"],
+     "visible": ["torch_step_tests"], "visible_says": ["is switched off"]},
     {"name": "torch: the last rank passes no target",
      "replace": NO_TARGET_ON_THE_LAST_RANK, "loses": ["torch_step_tests"],
      "visible": ["torch_step_tests"]},
