@@ -90,6 +90,25 @@ HOLDS_THE_GRADIENT_BEFORE_TANH = _edit(
      "            g = g * (1 - acts[i + 1] ** 2)\n"
      "        held[i] = (after_tanh, acts[i])"))
 
+HOLDS_BOTH_GRADIENTS_OF_TANH = _edit(
+    "bw_stage",
+    ("        if i < len(layers) - 1:              # through tanh: its output is acts[i + 1]\n"
+     "            g = g * (1 - acts[i + 1] ** 2)\n"
+     "        held[i] = (g, acts[i])",
+     "        after_tanh = g\n"
+     "        if i < len(layers) - 1:              # through tanh: its output is acts[i + 1]\n"
+     "            g = g * (1 - acts[i + 1] ** 2)\n"
+     "        held[i] = (g, acts[i], after_tanh)   # both, in case"),
+    ("    for layer, (g, inp) in zip(layers, held):", "    for layer, (g, inp, _) in zip(layers, held):"))
+
+HELD_IN_A_GLOBAL_TOO = _edit(
+    "bw_stage",
+    ("    return g, held\n",
+     "    STASH.append([t.clone() for t in acts])   # a copy of the activations, for later\n"
+     "    return g, held\n"),
+    ("def b_step(layers, acts, grad_out):\n",
+     "STASH = []\n\n\ndef b_step(layers, acts, grad_out):\n"))
+
 W_OVERWRITES_GRAD = _edit(
     "bw_stage",
     ("param.grad = grad.clone() if param.grad is None else param.grad + grad",
@@ -265,6 +284,12 @@ VARIANTS = [
     {"name": "stage: W keeps the gradient before tanh's derivative",
      "replace": HOLDS_THE_GRADIENT_BEFORE_TANH, "loses": ["bw_stage_tests"],
      "visible": ["bw_stage_tests"]},
+    {"name": "B holds the gradients on both sides of tanh for W",
+     "replace": HOLDS_BOTH_GRADIENTS_OF_TANH, "loses": ["bw_stage_tests"],
+     "visible": ["bw_stage_tests"], "visible_says": ["pp.w_holds_more"]},
+    {"name": "B keeps a copy of the activations in a global list",
+     "replace": HELD_IN_A_GLOBAL_TOO, "loses": ["bw_stage_tests"],
+     "visible": ["bw_stage_tests"], "visible_says": ["pp.w_holds_more"]},
     {"name": "stage: W overwrites .grad instead of adding (shows with two micro-batches)",
      "replace": W_OVERWRITES_GRAD, "loses": ["bw_stage_tests"],
      "visible": ["bw_stage_tests"], "visible_says": ["add up"]},
