@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import html
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +44,9 @@ from dpmp_lab.context import device
 from dpmp_lab.render import PALETTE, Picture, Table, human_bytes, svg_start
 
 MEMORY_KINDS = ("params", "grads", "optimizer")
+# held()'s pause before each of its two walks: what is still on its way out (a finished
+# collective's tensors, released by gloo's worker thread) is gone by the second
+_SETTLE_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -177,7 +181,10 @@ class Held:
     def now(self) -> int:
         """Bytes of the storages held now that the window did not start with: those found by
         two walks in a row (what only the first finds was on its way out)."""
-        first, second = _storages(self._on), _storages(self._on)
+        time.sleep(_SETTLE_S)     # a finished gloo collective lets go of its tensors from its
+        first = _storages(self._on)   # worker thread, a moment after wait() has returned
+        time.sleep(_SETTLE_S)
+        second = _storages(self._on)
         return sum(size for ptr, (size, ref) in second.items()
                    if ptr in first and not first[ptr][1].expired()
                    and (ptr not in self._before or self._before[ptr][1].expired()))

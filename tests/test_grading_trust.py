@@ -251,7 +251,9 @@ def test_feedback_shows_no_server_path_and_ranks_that_failed_alike_once(graded_c
     for page in (root / "feedback").rglob("*.html"):
         text = _text(page)
         assert not [path for path in server if path in text], page
-    reach = _text(root / "feedback" / "mal_reach" / NAME / f"{NAME}.html")
+    # one print may reach the page as several stream outputs (the kernel sends what it has
+    # every so often), so the words are compared with their spacing made one
+    reach = " ".join(_text(root / "feedback" / "mal_reach" / NAME / f"{NAME}.html").split())
     assert ("WHERE dpmp_lab/__init__.py <site-packages>/torch/__init__.py "
             "<python>/json/__init__.py") in reach
     blank = _text(root / "feedback" / "ben_l17" / NAME / f"{NAME}.html")

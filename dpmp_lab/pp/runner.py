@@ -152,6 +152,13 @@ class Stage:
                            self._tag(microbatch, self.model_stage + 1, "activation"))
 
     def send_grad(self, grad: torch.Tensor, microbatch: int) -> _Pending:
+        if not isinstance(grad, torch.Tensor):
+            raise TypeError(
+                f"stage {self.model_stage}: send_grad got {type(grad).__name__} for micro-batch "
+                f"{microbatch}, not a tensor. The gradient of this stage's input is what "
+                "backward leaves in the input's .grad, and only an input that requires grad "
+                "collects one: the received activation does (recv_activation returns it so); "
+                "a copy, a detached view or a tensor made anew does not")
         return self._isend(grad, self.prev_rank,
                            self._tag(microbatch, self.model_stage - 1, "grad"))
 
