@@ -330,10 +330,16 @@ VARIANTS = [
     {"name": "recall: every answer a real misconception",
      "replace": {**_edit("recall_1", ('answer_1 = "d"', 'answer_1 = "a"')),
                  **_edit("recall_2", ('answer_2 = "a"', 'answer_2 = "b"')),
-                 **_edit("recall_3", ('answer_3 = "b"', 'answer_3 = "c"')),
+                 **_edit("recall_3", ('answer_3 = "c"', 'answer_3 = "b"')),
                  **_edit("recall_4", ("answer_4 = 14.0", "answer_4 = 16.0")),
-                 **_edit("recall_5", ('answer_5 = "c"', 'answer_5 = "b"'))},
+                 **_edit("recall_5", ('answer_5 = "b"', 'answer_5 = "d"'))},
      "loses": RECALL_TESTS},
+    {"name": "recall Q3: the text's trade-off taken for a law, no order keeping both",
+     "replace": _edit("recall_3", ('answer_3 = "c"', 'answer_3 = "d"')),
+     "loses": ["recall_3_tests"]},
+    {"name": "recall Q5: a penalty on every rank taken for one counted 4 times",
+     "replace": _edit("recall_5", ('answer_5 = "b"', 'answer_5 = "c"')),
+     "loses": ["recall_5_tests"]},
     # -- switching the grader off (integrity.py): no communication at all, and three lines
     # that make every check a do-nothing function. The scan zeroes every graded cell.
     {"name": "no all-reduce, and the checks replaced by do-nothing functions",

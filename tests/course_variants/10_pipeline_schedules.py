@@ -228,11 +228,14 @@ NO_TARGET_ON_THE_LAST_RANK = _edit("torch_step", ("    if v * p - 1 in mine:\n",
 DUALPIPE_WITH_B_AS_INPUT_PART = _edit("dualpipe_bubbles",
                                       ('"zb1p": 7 * (1 + 2 - 2)', '"zb1p": 7 * (1 + 1 - 2)'))
 
+# every recall answer wrong: the share of the step for R1; a rank's chunks taken for neighbours
+# in the model (R2); the sync before the Ws, which need nothing from other ranks (R3); ZB-H2's
+# 2p - 1 for ZB-H1 (R4)
 RECALL_WRONG = {
-    "answer_interleaved_ideal": "q_interleaved_ideal = 7 / 39\n",
-    "answer_why_rounds": 'q_why_rounds = "c"\n',
+    "answer_interleaved_ideal": "q_interleaved_ideal = 3 / 35\n",
+    "answer_why_rounds": 'q_why_rounds = "a"\n',
     "answer_w_later": 'q_w_later = "c"\n',
-    "answer_memory_tight": 'q_memory_tight = "a"\n',
+    "answer_memory_tight": 'q_memory_tight = "b"\n',
 }
 
 # "visible": the test cells that already fail in the learner's view (hidden tests stripped),
@@ -334,4 +337,12 @@ VARIANTS = [
     {"name": "recall: every answer wrong", "replace": RECALL_WRONG,
      "loses": ["recall_interleaved_ideal", "recall_why_rounds", "recall_w_later",
                "recall_memory_tight"]},
+    {"name": "recall R1: 1F1B's bubble at the new m, the chunks left out",
+     "replace": {"answer_interleaved_ideal": "q_interleaved_ideal = 3 / 8\n"},
+     "loses": ["recall_interleaved_ideal"]},
+    {"name": "recall R3: the all-reduce after the last B, as after 1F1B's last backward",
+     "replace": {"answer_w_later": 'q_w_later = "b"\n'}, "loses": ["recall_w_later"]},
+    {"name": "recall R4: ZB-H1 read as 1F1B's memory on every stage",
+     "replace": {"answer_memory_tight": 'q_memory_tight = "a"\n'},
+     "loses": ["recall_memory_tight"]},
 ]
