@@ -90,7 +90,7 @@ VARIANTS = [
                "        full = torch.empty(world * shard.numel(), dtype=shard.dtype, "
                "device=shard.device)\n"
                "        dist.all_gather_single(full, shard.detach())      # gathered again\n", "")),
-           "loses": _UNIT, "visible_says": ["forward must free the gathered weight"]}),
+           "loses": _UNIT, "visible_says": ["kept its gathered weight from forward"]}),
     _seen({"name": "the gathered weight saved for backward, and gathered again anyway",
            "replace": _edit("sharded_linear", (
                "ctx.save_for_backward(x, shard)          # not `full`: it is freed when we return",
