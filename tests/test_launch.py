@@ -454,6 +454,11 @@ def start_children(folder: str, ending: str) -> list[int]:
     Path(folder, f"rank{dist.get_rank()}").write_text(" ".join(map(str, pids)))
     if ending == "raises":
         if dist.get_rank() == 1:
+            # once rank 0 has started its children too (on a busy machine it may still be
+            # starting them, and the launcher stops it as soon as this rank raises)
+            deadline = time.monotonic() + 15
+            while not Path(folder, "rank0").exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
             raise ValueError("planned")
         time.sleep(60)
     if ending == "hangs":

@@ -240,7 +240,7 @@ VARIANTS = [
                                              "            if src == -1:\n"
                                              "                s = s.masked_fill(")),
            "loses": ["ring_forward_numbers_tests"],
-           "visible_says": ["masked on the diagonal"]}),
+           "visible_says": ["whether a rank's queries may see"]}),
     _seen({"name": "no causality at all: every block attended in full",
            "replace": _edit("ring_forward",
                             ("if src <= me:   ", "if True:   "),
