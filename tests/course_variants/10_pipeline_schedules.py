@@ -80,25 +80,19 @@ W_DONE_DURING_B = _edit(
 NO_TANH_DERIVATIVE = _edit("bw_stage", ("            g = g * (1 - acts[i + 1] ** 2)\n",
                                         "            pass\n"))
 
+# B's step through tanh, and the same step keeping the gradient that arrived (after tanh)
+_THROUGH_TANH = ("        if i < len(layers) - 1:              # through tanh: its output is acts[i + 1]\n"
+                 "            g = g * (1 - acts[i + 1] ** 2)\n")
+_KEEPING_AFTER_TANH = "        after_tanh = g\n" + _THROUGH_TANH
+
 HOLDS_THE_GRADIENT_BEFORE_TANH = _edit(
-    "bw_stage",
-    ("        if i < len(layers) - 1:              # through tanh: its output is acts[i + 1]\n"
-     "            g = g * (1 - acts[i + 1] ** 2)\n"
-     "        held[i] = (g, acts[i])",
-     "        after_tanh = g\n"
-     "        if i < len(layers) - 1:              # through tanh: its output is acts[i + 1]\n"
-     "            g = g * (1 - acts[i + 1] ** 2)\n"
-     "        held[i] = (after_tanh, acts[i])"))
+    "bw_stage", (_THROUGH_TANH + "        held[i] = (g, acts[i])",
+                 _KEEPING_AFTER_TANH + "        held[i] = (after_tanh, acts[i])"))
 
 HOLDS_BOTH_GRADIENTS_OF_TANH = _edit(
     "bw_stage",
-    ("        if i < len(layers) - 1:              # through tanh: its output is acts[i + 1]\n"
-     "            g = g * (1 - acts[i + 1] ** 2)\n"
-     "        held[i] = (g, acts[i])",
-     "        after_tanh = g\n"
-     "        if i < len(layers) - 1:              # through tanh: its output is acts[i + 1]\n"
-     "            g = g * (1 - acts[i + 1] ** 2)\n"
-     "        held[i] = (g, acts[i], after_tanh)   # both, in case"),
+    (_THROUGH_TANH + "        held[i] = (g, acts[i])",
+     _KEEPING_AFTER_TANH + "        held[i] = (g, acts[i], after_tanh)   # both, in case"),
     ("    for layer, (g, inp) in zip(layers, held):", "    for layer, (g, inp, _) in zip(layers, held):"))
 
 HELD_IN_A_GLOBAL_TOO = _edit(
