@@ -340,7 +340,7 @@ def changed_cells(name: str, variant: dict) -> set[int]:
 # library's functions under the notebook's names for a launch and put the learner's back, so a
 # cell that calls one reaches no name through globals() (cells_to_rerun's `swaps`).
 NAMESPACE_SWAPS = {"03_tensor_parallel": frozenset({"library_versions"}),
-                   "09_long_and_sparse": frozenset({"library_pieces"})}
+                   "09_context_parallel": frozenset({"library_pieces"})}
 
 
 def test_the_namespace_swaps_are_the_notebooks_own_and_put_back_what_they_replace():
