@@ -13,6 +13,7 @@ import pytest
 from dpmp_lab.launcher import serialize, worker
 from dpmp_lab.launcher.failures import (
     DESTROYED_GROUP_HINT,
+    HANDLE_HANG_HINT,
     HANG_HINT,
     P2P_HANG_HINT,
     UNGUARDED_EXIT,
@@ -31,6 +32,7 @@ from dpmp_lab.launcher.failures import (
     still_running,
     unpicklable,
     unreadable,
+    waits_on_handle,
     where_stuck,
 )
 from dpmp_lab.launcher.protocol import MESSAGE_MARGIN, Raised, Returned, Started
@@ -378,3 +380,17 @@ def test_ranks_that_failed_alike_are_told_once_naming_them():
                            world_size=2))
     assert "ranks 0, 1 were killed by signal SIGKILL" in text
     assert "last output of ranks 0, 1:" in text and text.count("oom") == 1
+
+
+def test_a_wait_on_a_request_handle_is_its_own_kind_of_hang():
+    """work.wait() runs in C++: the innermost frame is the learner's line, not torch's."""
+    in_wait = f'  File "{CELL}", line 6, in run_stage\n    work.wait()'
+    assert waits_on_handle(in_wait)
+    assert waits_on_handle(f'  File "{CELL}", line 6, in f\n    dist.isend(t, 1).wait(timeout=td)')
+    assert not waits_on_handle(f'  File "{CELL}", line 6, in f\n    dist.all_reduce(t)')
+    failures = {0: exception(0, "torch.distributed.DistBackendError", "Timed out", in_wait)}
+    err = launch_error(failures, output=[""], finished=[], pg_timeout=2)
+    assert isinstance(err, LaunchTimeout) and err.hint == HANDLE_HANG_HINT
+    assert err.failures[0].message.startswith("waited 2 s on a request handle")
+    stuck = {0: still_running(0, stack=in_wait, output="", timeout=3)}
+    assert launch_timeout(stuck, output=[""], finished=[]).hint == HANDLE_HANG_HINT

@@ -27,6 +27,7 @@ from dpmp_lab._helpers import indent, ranks_text, tail
 from dpmp_lab.launcher import flight
 from dpmp_lab.launcher.hints import (
     DESTROYED_GROUP_HINT,
+    HANDLE_HANG_HINT,
     HANG_HINT,
     P2P_HANG_HINT,
     SIGNAL_HINTS,
@@ -284,12 +285,29 @@ def p2p_wait(stack: str) -> str | None:
     return "recv" if "recv" in calls[-1] else "send"
 
 
+_SOURCE_LINE_RE = re.compile(r"^\s+(?!File )(?P<code>\S.*)$")
+_HANDLE_WAIT_RE = re.compile(r"\.wait\(\s*(timeout\s*=[^)]*)?\)")
+
+
+def waits_on_handle(stack: str) -> bool:
+    """The innermost line of a stack waits on a request handle (the Work an isend, an irecv or
+    an async collective returned): `work.wait()` runs in C++, so no torch frame shows it."""
+    frames = [m.group("file") for m in _FRAME_RE.finditer(stack)]
+    lines = stack.rstrip().splitlines()
+    if not frames or not lines or "distributed_c10d" in frames[-1]:
+        return False
+    last = _SOURCE_LINE_RE.match(lines[-1])
+    return bool(last and _HANDLE_WAIT_RE.search(last.group("code")))
+
+
 # -- hints ------------------------------------------------------------------------------------
 
 
 def hang_hint(failures: dict[int, RankFailure]) -> str:
     if any(p2p_wait(f.traceback) for f in failures.values()):
         return P2P_HANG_HINT
+    if any(waits_on_handle(f.traceback) for f in failures.values()):
+        return HANDLE_HANG_HINT
     return HANG_HINT
 
 
@@ -338,6 +356,9 @@ def _waited(failure: RankFailure, pg_timeout: float) -> RankFailure:
     if p2p:
         message = (f"waited {pg_timeout:g} s in a {p2p} whose partner never posted the matching "
                    f"{'recv' if p2p == 'send' else 'send'} (process-group timeout)")
+    elif waits_on_handle(failure.traceback):
+        message = (f"waited {pg_timeout:g} s on a request handle that never completed "
+                   "(process-group timeout)")
     else:
         message = (f"waited {pg_timeout:g} s in a collective that not every rank joined "
                    "(process-group timeout)")

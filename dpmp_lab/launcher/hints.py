@@ -26,6 +26,15 @@ P2P_HANG_HINT = (
     "them, or order them (even ranks send first, odd ranks receive first). The stack above "
     "shows where each rank waited."
 )
+HANDLE_HANG_HINT = (
+    "a rank waits on a request handle that never completes: the Work an isend, an irecv or an "
+    "async collective returned. The request was posted, and the wait is where the rank noticed "
+    "that nothing answered it: for a send or a receive, the partner never posted the matching "
+    "receive or send (or posted it to another peer, with another tag, or only after waiting "
+    "for something this rank does later); for an async collective, another rank never issued "
+    "it. Look at what each rank posted before it waited. The stack above shows where each rank "
+    "waited."
+)
 
 UNPICKLABLE_HINT = (
     "a result is pickled in the rank and unpickled in the notebook, so an object of a class "
