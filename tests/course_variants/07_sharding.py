@@ -42,6 +42,14 @@ VARIANTS = [
            "replace": _edit("zero2_hooks", ("size = -(-p.numel() // world)",
                                             "size = p.numel() // world")),
            "loses": _Z2, "visible_says": ["padded with zeros"]}),
+    _seen({"name": "the world size hard-coded to 3, the visible check's first size",
+           "replace": _edit("zero2_hooks", ("    world = dist.get_world_size()\n",
+                                            "    world = 3\n")),
+           "loses": _Z2, "visible_says": ["sharding.zero2_sizes"]}),
+    _seen({"name": "chunks of numel // N + 1: one too many where N divides the parameter",
+           "replace": _edit("zero2_hooks", ("size = -(-p.numel() // world)",
+                                            "size = p.numel() // world + 1")),
+           "loses": _Z2, "visible_says": ["on 2 ranks", "sharding.zero2_chunk"]}),
     _seen({"name": "the full gradient kept: p.grad not dropped in the hook",
            "replace": _edit("zero2_hooks", (
                "            p.grad = None                  # the full gradient is gone: only the "
@@ -172,6 +180,13 @@ VARIANTS = [
                "    dist.reduce_scatter_single(out, grad16 / pre, op=dist.ReduceOp.SUM)\n"
                "    return out.float() / pre")),
            "loses": _FP16, "visible_says": ["on 4 ranks"]}),
+    _seen({"name": "a pre-divide factor of 8 before the SUM, 8 / N after: small gradients underflow",
+           "replace": _edit("reduce_scatter_fp16", (
+               "    dist.reduce_scatter_single(out, grad16 / world, op=dist.ReduceOp.SUM)\n"
+               "    return out.float()",
+               "    dist.reduce_scatter_single(out, grad16 / 8, op=dist.ReduceOp.SUM)\n"
+               "    return out.float() * 8 / world")),
+           "loses": _FP16, "visible_says": ["sharding.fp16_underflow"]}),
     {"name": "right: divided in place before the SUM, on a copy",
      "replace": _edit("reduce_scatter_fp16", (
          "    dist.reduce_scatter_single(out, grad16 / world, op=dist.ReduceOp.SUM)\n",
@@ -191,6 +206,15 @@ VARIANTS = [
                "            with torch.enable_grad():\n                y = ctx.block(x)\n",
                "            y = ctx.block(x)\n")),
            "loses": _CKPT, "visible_says": ["the recomputation has to record"]}),
+    _seen({"name": "a fixed seed in forward and again in backward instead of the saved state",
+           "replace": _edit("checkpoint", (
+               "        ctx.save_for_backward(x)\n",
+               "        torch.manual_seed(0)\n        ctx.save_for_backward(x)\n"), (
+               "            torch.set_rng_state(ctx.rng)             # the forward's dropout masks "
+               "again\n",
+               "            torch.manual_seed(0)\n")),
+           "loses": _CKPT, "visible_says": ["sharding.checkpoint_forward_rng"],
+           "visible_never_says": ["sharding.checkpoint_accumulates"]}),
     _seen({"name": "no RNG replay: the recomputation draws other dropout masks",
            "replace": _edit("checkpoint", (
                "        with torch.random.fork_rng(devices=[]):      # the caller's stream goes on "
