@@ -374,6 +374,7 @@ class _Recorder:
         """Every c10d op passes here before it runs: watchers first (they may refuse the call
         by raising), then the record of every active trace."""
         if self.watchers:
+            _refuse_peer_outside_group(name, schema_args, args, kwargs)
             tensors = list(tensors_in(list(args) + list(kwargs.values())))
             for watcher in list(self.watchers):
                 watcher(_C10D_OPS[name][0], tensors)
@@ -495,6 +496,26 @@ def _install_module_hooks() -> list[Any]:
     return [torch.nn.modules.module.register_module_forward_pre_hook(enter),
             torch.nn.modules.module.register_module_forward_hook(leave, always_call=True)]
 
+
+
+def _refuse_peer_outside_group(name: str, schema_args: list[str], args: tuple,
+                               kwargs: dict) -> None:
+    """A send, recv, broadcast, reduce, gather or scatter whose peer is not a rank of its group
+    never completes on gloo (it waits for a rank that does not exist): say so at once, while a
+    rank is watched (every rank dl.launch starts is)."""
+    op, _, peer_arg = _C10D_OPS[name]
+    if peer_arg is None or peer_arg not in schema_args or "process_group" not in schema_args:
+        return
+    def arg(key: str) -> Any:
+        i = schema_args.index(key)
+        return args[i] if i < len(args) else kwargs.get(key, _DEFAULTS[name].get(key))
+    peer, size = arg(peer_arg), _unbox(arg("process_group")).size()
+    if isinstance(peer, int) and not 0 <= peer < size:
+        role = {"send": "destination", "recv": "source"}.get(op, "root")
+        raise ValueError(
+            f"{op} with {role} rank {peer} in a group of {size} ranks (0 to {size - 1}): there "
+            "is no such rank, so the call would wait for it forever. The first and the last "
+            "rank of a chain have one neighbour only. [hint: comm.peer_outside_group]")
 
 def _phase(tensors: list[torch.Tensor]) -> str | None:
     if torch._C._current_graph_task_id() != -1:

@@ -403,6 +403,37 @@ def test_a_collective_on_an_expanded_view_is_refused_before_it_crashes_the_rank(
     assert dl.launch(contiguous_and_transposed, world_size=2, stream=False).values == [42.0] * 2
 
 
+def test_a_peer_outside_the_group_is_refused_instead_of_waited_for():
+    """gloo waits forever for a send to rank N of N ranks (the last rank of a chain sending on);
+    every rank checks a call's peer first, so it raises at once, naming the rank."""
+    def chain_without_an_end():
+        dist.send(torch.ones(2), dst=dist.get_rank() + 1)   # the last rank has no next rank
+
+    def broadcast_from_nowhere():
+        dist.broadcast(torch.ones(2), src=dist.get_world_size())
+
+    for fn, says in ((chain_without_an_end, "send with destination rank 2 in a group of 2"),
+                     (broadcast_from_nowhere, "broadcast with root rank 2 in a group of 2")):
+        with pytest.raises(dl.LaunchError) as info:
+            dl.launch(fn, world_size=2, stream=False, timeout=60)
+        assert not isinstance(info.value, dl.LaunchTimeout)
+        assert says in str(info.value) and "[hint: comm.peer_outside_group]" in str(info.value)
+
+    def ring():
+        rank, world = dist.get_rank(), dist.get_world_size()
+        t = torch.full((2,), float(rank))
+        if rank % 2 == 0:
+            dist.send(t, dst=(rank + 1) % world)
+            dist.recv(t, src=(rank - 1) % world)
+        else:
+            got = torch.empty(2)
+            dist.recv(got, src=(rank - 1) % world)
+            dist.send(t, dst=(rank + 1) % world)
+            t = got
+        return t[0].item()
+    assert dl.launch(ring, world_size=2, stream=False).values == [1.0, 0.0]
+
+
 def test_a_rank_that_destroys_its_group_is_named_as_the_cause():
     def leave_early():
         if dist.get_rank() == 0:

@@ -20,7 +20,8 @@ HANG_HINT = (
 )
 P2P_HANG_HINT = (
     "a send or recv that never completes: its partner never posted the matching recv or send "
-    "(or posted it with another peer or tag), or every rank sent first and waits for a receiver "
+    "(or posted it with another peer or tag, or posted an isend and dropped its handle without "
+    "waiting on it, which gloo need not deliver), or every rank sent first and waits for a receiver "
     "that is itself sending (gloo's blocking send returns only once the receiver took the data). "
     "Post both directions at once with isend/irecv (or dist.batch_isend_irecv) and wait on "
     "them, or order them (even ranks send first, odd ranks receive first). The stack above "

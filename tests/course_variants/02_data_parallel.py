@@ -26,6 +26,49 @@ ALL_GRADED = ["shard_batch_tests", "broadcast_tests", "dp_train_step_tests",
               "accumulation_step_tests", "no_sync_prediction_tests", "lr_answer_tests",
               "sharded_momentum_sgd_tests", *RECALL_TESTS]
 
+
+# a learner's ZeRO-1 that averages the gradient shard-wise, then keeps a full-size momentum
+# on every rank with self.momentum a view into it: right numbers, right calls, no saving
+FULL_MOMENTUM_KEPT = {"sharded_momentum_sgd": '''
+class ShardedMomentumSGD:
+    def __init__(self, params, lr: float, momentum: float):
+        self.params = list(params)
+        self.lr, self.mu = lr, momentum
+        self.world, self.rank = dist.get_world_size(), dist.get_rank()
+        self.numel = sum(p.numel() for p in self.params)
+        self.shard_size = math.ceil(self.numel / self.world)
+        self.lo = self.rank * self.shard_size
+        like = self.params[0]
+        self.momentum = torch.zeros(self.shard_size, dtype=like.dtype, device=like.device)
+
+    def flat(self, tensors) -> torch.Tensor:
+        out = torch.zeros(self.shard_size * self.world, dtype=self.momentum.dtype,
+                          device=self.momentum.device)
+        offset = 0
+        for p, t in zip(self.params, tensors):
+            if t is not None:
+                out[offset:offset + p.numel()] = t.reshape(-1)
+            offset += p.numel()
+        return out
+
+    @torch.no_grad()
+    def step(self) -> None:
+        grads = self.flat([p.grad for p in self.params])
+        g_shard = torch.empty_like(self.momentum)
+        dist.reduce_scatter_single(g_shard, grads, op=dist.ReduceOp.SUM)
+        g_shard /= self.world
+        g_full = torch.empty_like(grads)
+        dist.all_gather_single(g_full, g_shard)
+        if not hasattr(self, "full_momentum"):
+            self.full_momentum = torch.zeros_like(g_full)
+        self.full_momentum.mul_(self.mu).add_(g_full)
+        self.momentum = self.full_momentum[self.lo:self.lo + self.shard_size]
+        offset = 0
+        for p in self.params:
+            p -= self.lr * self.full_momentum[offset:offset + p.numel()].view_as(p)
+            offset += p.numel()
+'''}
+
 VARIANTS = [
     # -- 1 shard_batch --------------------------------------------------------------------------
     {"name": "every rank takes the first slice of the batch",
@@ -87,6 +130,21 @@ VARIANTS = [
          "        dist.broadcast(p.grad, src=0)\n")),
      "loses": ["dp_train_step_tests"],
      "visible": ["dp_train_step_tests"], "visible_says": ["dp.reduce_then_broadcast"]},
+    {"name": "the loss divided by the world size before backward, and returned divided",
+     "replace": _edit("dp_train_step", ("    loss = F.mse_loss(model(x), y)\n",
+                                         "    loss = F.mse_loss(model(x), y) / world\n"),
+                      ("        p.grad /= world\n", "")),
+     "loses": ["dp_train_step_tests"],
+     "visible": ["dp_train_step_tests"], "visible_says": ["dp.loss_returned_scaled"]},
+    {"name": "gradients cleared at the end of the step instead of its start",
+     "replace": _edit("dp_train_step", ("    model.zero_grad()\n", ""),
+                      ("    return loss.item()", "    model.zero_grad()\n    return loss.item()")),
+     "loses": ["dp_train_step_tests"],
+     "visible": ["dp_train_step_tests"], "visible_says": ["dp.grad_dropped"]},
+    {"name": "gradients never cleared: step 2 adds to step 1's",
+     "replace": _edit("dp_train_step", ("    model.zero_grad()\n", "")),
+     "loses": ["dp_train_step_tests"],
+     "visible": ["dp_train_step_tests"], "visible_says": ["dp.carry_over"]},
     {"name": "right another way: the loss divided by the world size before backward",
      "replace": _edit("dp_train_step", ("    loss.backward()\n", "    (loss / world).backward()\n"),
                       ("        p.grad /= world\n", "")),
@@ -189,6 +247,13 @@ VARIANTS = [
      )),
      "loses": ["overlapping_dp_tests"],
      "visible": ["overlapping_dp_tests"], "visible_says": ["one per parameter tensor"]},
+    {"name": "finish() keeps every step's buckets in a list (memory grows with the steps)",
+     "replace": _edit("overlapping_dp", (
+         "                offset += p.numel()\n        self._reset()\n",
+         "                offset += p.numel()\n"
+         "        self.done = getattr(self, \"done\", []) + self.flat\n        self._reset()\n")),
+     "loses": ["overlapping_dp_tests"],
+     "visible": ["overlapping_dp_tests"], "visible_says": ["dp.finish_leaks"]},
     {"name": "finish() reads the buckets without waiting for their all-reduces",
      "replace": _edit("overlapping_dp", ("            self.work[b].wait()\n", "")),
      "loses": ["overlapping_dp_tests"],
@@ -228,6 +293,11 @@ VARIANTS = [
          "with contextlib.nullcontext() if last else model.no_sync():", "with model.no_sync():")),
      "loses": ["accumulation_step_tests"],
      "visible": ["accumulation_step_tests"], "visible_says": ["dp.accumulation_never_sent"]},
+    {"name": "the micro-batches' losses divided by a fixed 4 (right with 4 micro-batches)",
+     "replace": _edit("accumulation_step", ("(F.mse_loss(model(xs[k]), ys[k]) / n_micro).backward()",
+                                            "(F.mse_loss(model(xs[k]), ys[k]) / 4).backward()")),
+     "loses": ["accumulation_step_tests"],
+     "visible": ["accumulation_step_tests"], "visible_says": ["dp.accumulation_fixed_divisor"]},
     {"name": "gradients never zeroed: step 2 adds to step 1's gradient",
      "replace": _edit("accumulation_step", ("    model.zero_grad()\n", "")),
      "loses": ["accumulation_step_tests"],
@@ -329,6 +399,9 @@ VARIANTS = [
          "                        weights[:self.numel].split([p.numel() for p in self.params])):\n"
          "            p.copy_(w.view_as(p))\n")),
      "loses": []},
+    {"name": "ZeRO-1 with a full-size momentum kept on every rank, self.momentum a view of it",
+     "replace": FULL_MOMENTUM_KEPT, "loses": ["sharded_momentum_sgd_tests"],
+     "visible": ["sharded_momentum_sgd_tests"], "visible_says": ["dp.zero1_memory"]},
     {"name": "ZeRO-1 momentum as a moving average: buf = mu * buf + (1 - mu) * g",
      "replace": _edit("sharded_momentum_sgd", (
          "self.momentum.mul_(self.mu).add_(grad_shard)",
@@ -339,12 +412,12 @@ VARIANTS = [
     {"name": "recall: every answer a real misconception",
      "replace": {**_edit("recall_1", ('answer_1 = "d"', 'answer_1 = "a"')),
                  **_edit("recall_2", ('answer_2 = "a"', 'answer_2 = "b"')),
-                 **_edit("recall_3", ('answer_3 = "c"', 'answer_3 = "b"')),
+                 **_edit("recall_3", ('answer_3 = "d"', 'answer_3 = "b"')),
                  **_edit("recall_4", ("answer_4 = 14.0", "answer_4 = 16.0")),
                  **_edit("recall_5", ('answer_5 = "b"', 'answer_5 = "d"'))},
      "loses": RECALL_TESTS},
-    {"name": "recall Q3: the text's trade-off taken for a law, no order keeping both",
-     "replace": _edit("recall_3", ('answer_3 = "c"', 'answer_3 = "d"')),
+    {"name": "recall Q3: FSDP's 1/16 split taken to keep both ends",
+     "replace": _edit("recall_3", ('answer_3 = "d"', 'answer_3 = "c"')),
      "loses": ["recall_3_tests"]},
     {"name": "recall Q5: a penalty on every rank taken for one counted 4 times",
      "replace": _edit("recall_5", ('answer_5 = "b"', 'answer_5 = "c"')),

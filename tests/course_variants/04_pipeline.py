@@ -272,6 +272,15 @@ RECALL = ["recall_all_busy", "recall_bubble", "recall_bubble_ideal", "recall_mem
 # "visible": the test cells that already fail in the learner's view (hidden tests stripped),
 # before hand-in; "visible_says": words of the hint they show there.
 VARIANTS = [
+    {"name": "naive pipeline written for 3 stages (the visible case)",
+     "replace": _edit("naive", ("    if rank < p - 1:\n        dist.send(out.detach()",
+                                "    if rank < 2:\n        dist.send(out.detach()"),
+                      ("    if rank == p - 1:\n        loss.backward()",
+                       "    if rank == 2:\n        loss.backward()")),
+     "loses": ["naive_tests", "naive_comm_tests"], "visible": ["naive_tests"]},
+    {"name": "naive pipeline receiving into a buffer of the notebook's BATCH rows",
+     "replace": _edit("naive", ("torch.empty(x.shape[0], HIDDEN", "torch.empty(BATCH, HIDDEN")),
+     "loses": ["naive_tests"], "visible": ["naive_tests"]},
     {"name": "received activation without requires_grad: no gradient to send back",
      "replace": FORGETS_REQUIRES_GRAD, "loses": ["naive_tests", "naive_comm_tests"],
      "visible": ["naive_tests", "naive_comm_tests"]},
