@@ -34,7 +34,7 @@ from dpmp_lab.launcher.hints import (
     UNPICKLABLE_HINT,
 )
 from dpmp_lab.launcher.protocol import Vocabulary
-from dpmp_lab.launcher.stacks import stack_from_dump
+from dpmp_lab.launcher.stacks import p2p_wait, stack_from_dump, waits_on_handle
 from dpmp_lab.render import human_bytes
 
 
@@ -269,35 +269,6 @@ def is_collective_timeout(failure: RankFailure) -> bool:
              or "DistError" in failure.exc_type)
         and bool(_TIMEOUT_RE.search(failure.message))
     )
-
-
-_P2P_FUNCTIONS = ("send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list",
-                  "recv_object_list")
-_FRAME_RE = re.compile(r'File "(?P<file>[^"]+)", line \d+, in (?P<name>\w+)')
-
-
-def p2p_wait(stack: str) -> str | None:
-    """"send" or "recv" when the innermost torch.distributed call of a stack is point-to-point."""
-    calls = [m.group("name") for m in _FRAME_RE.finditer(stack)
-             if "distributed_c10d" in m.group("file")]
-    if not calls or calls[-1] not in _P2P_FUNCTIONS:
-        return None
-    return "recv" if "recv" in calls[-1] else "send"
-
-
-_SOURCE_LINE_RE = re.compile(r"^\s+(?!File )(?P<code>\S.*)$")
-_HANDLE_WAIT_RE = re.compile(r"\.wait\(\s*(timeout\s*=[^)]*)?\)")
-
-
-def waits_on_handle(stack: str) -> bool:
-    """The innermost line of a stack waits on a request handle (the Work an isend, an irecv or
-    an async collective returned): `work.wait()` runs in C++, so no torch frame shows it."""
-    frames = [m.group("file") for m in _FRAME_RE.finditer(stack)]
-    lines = stack.rstrip().splitlines()
-    if not frames or not lines or "distributed_c10d" in frames[-1]:
-        return False
-    last = _SOURCE_LINE_RE.match(lines[-1])
-    return bool(last and _HANDLE_WAIT_RE.search(last.group("code")))
 
 
 # -- hints ------------------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 A rank dumps every thread's stack when the launcher asks where it is stuck (SIGUSR1) and when
 a fatal signal kills it. faulthandler writes the most recent call first, without source lines
 and with the launcher's own frames; `stack_from_dump` turns that into an ordinary traceback of
-the main thread, with the cell's source. Pure: tested in tests/test_failures.py.
+the main thread, with the cell's source; `p2p_wait` and `waits_on_handle` read what its innermost
+frames say the rank waited in. Pure: tested in tests/test_failures.py.
 """
 
 from __future__ import annotations
@@ -55,3 +56,35 @@ def dump_complete(dump: str, main_thread: int | None) -> bool:
     """Whether a hung rank's dump has arrived whole: it ends with the launcher's frames, and
     shows where the rank waited."""
     return worker.__file__ in dump and bool(stack_from_dump(dump, main_thread))
+
+
+# -- what the innermost frames say a hung rank waited in ------------------------------------
+
+
+_P2P_FUNCTIONS = ("send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list",
+                  "recv_object_list")
+_FRAME_RE = re.compile(r'File "(?P<file>[^"]+)", line \d+, in (?P<name>\w+)')
+
+
+def p2p_wait(stack: str) -> str | None:
+    """"send" or "recv" when the innermost torch.distributed call of a stack is point-to-point."""
+    calls = [m.group("name") for m in _FRAME_RE.finditer(stack)
+             if "distributed_c10d" in m.group("file")]
+    if not calls or calls[-1] not in _P2P_FUNCTIONS:
+        return None
+    return "recv" if "recv" in calls[-1] else "send"
+
+
+_SOURCE_LINE_RE = re.compile(r"^\s+(?!File )(?P<code>\S.*)$")
+_HANDLE_WAIT_RE = re.compile(r"\.wait\(\s*(timeout\s*=[^)]*)?\)")
+
+
+def waits_on_handle(stack: str) -> bool:
+    """The innermost line of a stack waits on a request handle (the Work an isend, an irecv or
+    an async collective returned): `work.wait()` runs in C++, so no torch frame shows it."""
+    frames = [m.group("file") for m in _FRAME_RE.finditer(stack)]
+    lines = stack.rstrip().splitlines()
+    if not frames or not lines or "distributed_c10d" in frames[-1]:
+        return False
+    last = _SOURCE_LINE_RE.match(lines[-1])
+    return bool(last and _HANDLE_WAIT_RE.search(last.group("code")))
