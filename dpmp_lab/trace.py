@@ -497,7 +497,6 @@ def _install_module_hooks() -> list[Any]:
             torch.nn.modules.module.register_module_forward_hook(leave, always_call=True)]
 
 
-
 def _refuse_peer_outside_group(name: str, schema_args: list[str], args: tuple,
                                kwargs: dict) -> None:
     """A send, recv, broadcast, reduce, gather or scatter whose peer is not a rank of its group
@@ -506,9 +505,11 @@ def _refuse_peer_outside_group(name: str, schema_args: list[str], args: tuple,
     op, _, peer_arg = _C10D_OPS[name]
     if peer_arg is None or peer_arg not in schema_args or "process_group" not in schema_args:
         return
+
     def arg(key: str) -> Any:
         i = schema_args.index(key)
         return args[i] if i < len(args) else kwargs.get(key, _DEFAULTS[name].get(key))
+
     peer, size = arg(peer_arg), _unbox(arg("process_group")).size()
     if isinstance(peer, int) and not 0 <= peer < size:
         role = {"send": "destination", "recv": "source"}.get(op, "root")
@@ -516,6 +517,7 @@ def _refuse_peer_outside_group(name: str, schema_args: list[str], args: tuple,
             f"{op} with {role} rank {peer} in a group of {size} ranks (0 to {size - 1}): there "
             "is no such rank, so the call would wait for it forever. The first and the last "
             "rank of a chain have one neighbour only. [hint: comm.peer_outside_group]")
+
 
 def _phase(tensors: list[torch.Tensor]) -> str | None:
     if torch._C._current_graph_task_id() != -1:

@@ -132,7 +132,7 @@ VARIANTS = [
      "visible": ["dp_train_step_tests"], "visible_says": ["dp.reduce_then_broadcast"]},
     {"name": "the loss divided by the world size before backward, and returned divided",
      "replace": _edit("dp_train_step", ("    loss = F.mse_loss(model(x), y)\n",
-                                         "    loss = F.mse_loss(model(x), y) / world\n"),
+                                        "    loss = F.mse_loss(model(x), y) / world\n"),
                       ("        p.grad /= world\n", "")),
      "loses": ["dp_train_step_tests"],
      "visible": ["dp_train_step_tests"], "visible_says": ["dp.loss_returned_scaled"]},
