@@ -391,7 +391,7 @@ def test_finish_twice_no_op_backward_twice_error_unless_no_overlap(warm):
         assert "no_sync()" in v["backward twice"]
         assert v["backward twice calls"] == len(TINY_MLP_BUCKETS)   # completed, no hang
         assert v["left local"]
-        assert "call model.finish_gradient_sync() after backward" in v["forgot finish"]
+        assert "nothing finished them (finish_gradient_sync)" in v["forgot finish"]
         assert v["wrapped again calls"] == len(TINY_MLP_BUCKETS)
         assert v["lazy calls before finish"] == 0
         assert v["lazy calls"] == len(TINY_MLP_BUCKETS)
@@ -558,14 +558,16 @@ def three_stages():
                 model(my_rows(x)).pow(2).mean().backward()
                 if stage == 3:
                     model.finish_gradient_sync()
+                holder = model if stage == 3 else opt
                 grads = held_elements([p.grad for p in model.parameters()]
-                                      + (model if stage == 3 else opt).held_tensors()["grads"])
+                                      + holder.held_tensors()["grads"])
+                params = held_elements(list(model.parameters()) + holder.held_tensors()["params"])
                 opt.step()
             opt.zero_grad()
-        params = model.full_parameters() if stage == 3 else {
+        values = model.full_parameters() if stage == 3 else {
             k: v.detach() for k, v in model.named_parameters()}
-        out[stage] = (params, {(e.op, e.phase): t.count(e.op, phase=e.phase or "none")
-                               for e in t.events}, grads)
+        out[stage] = (values, {(e.op, e.phase): t.count(e.op, phase=e.phase or "none")
+                               for e in t.events}, grads, params)
     for _ in range(2):
         ref(x).pow(2).mean().backward()
         ref_opt.step()
@@ -577,7 +579,7 @@ def test_zero_1_2_3_line_up(warm):
     res = dl.launch(three_stages, world_size=2, stream=False)
     numel = 36 + 49 + 40
     for out, ref in res.values:
-        for stage, (params, _, _) in out.items():
+        for stage, (params, _, _, _) in out.items():
             for name in ref:
                 torch.testing.assert_close(params[name], ref[name], rtol=0, atol=1e-12,
                                            msg=lambda m, s=stage: f"stage {s}: {m}")
@@ -591,6 +593,11 @@ def test_zero_1_2_3_line_up(warm):
         # stage 2 pads each tensor to 2 chunks: weights 30, 42, 35 and biases 6, 7, 5 elements
         assert out[2][2] == sum(-(-n // 2) for n in (30, 6, 42, 7, 35, 5)) == 64
         assert out[3][2] == 18 + 25 + 20
+        # parameter elements held, shards included: stage 1's one padded flat vector (its
+        # shard a view of it), stage 2's tensors each padded to 2 chunks (its shard views of
+        # them), no copy of the shard in either
+        assert out[1][3] == numel + 1
+        assert out[2][3] == 2 * 64
 
 
 def forward_decides() -> dict:

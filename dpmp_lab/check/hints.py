@@ -108,18 +108,18 @@ class ScaleHint:
     key: str = "scale.grader"
 
 
-# A whole factor n reads as a sum over n ranks or micro-batches not divided by n; when n exceeds
-# the ranks of the run it cannot be the ranks.
+# A whole factor n reads as a sum over n ranks or micro-batches not divided by n; when n is not
+# the number of ranks of the run it cannot be the ranks.
 SCALE_HINTS: list[ScaleHint] = [
     ScaleHint(lambda s: s.factor == 0,
               "every element is zero: the value was never filled in, or was zeroed after it "
               "was computed (zero_grad in the wrong place?)", key="scale.zero"),
-    ScaleHint(lambda s: s.whole is not None and s.world is not None and s.whole > s.world
+    ScaleHint(lambda s: s.whole is not None and s.world is not None and s.whole != s.world
               and s.factor < 1,
               lambda s: f"every element is 1/{s.whole} of the reference: divided by {s.whole} "
                         f"once too often (not the ranks: this run has {s.world}), or a wrong "
                         "constant factor in the formula", key="scale.divided_too_often"),
-    ScaleHint(lambda s: s.whole is not None and s.world is not None and s.whole > s.world,
+    ScaleHint(lambda s: s.whole is not None and s.world is not None and s.whole != s.world,
               lambda s: f"every element is {s.whole}x the reference: a sum over {s.whole} "
                         f"micro-batches or parts that was not divided by {s.whole} (not over "
                         f"the ranks: this run has {s.world}), or a wrong constant factor in the "

@@ -114,11 +114,10 @@ class DataParallel(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if self._round_open and self._sync_enabled and self.overlap and torch.is_grad_enabled():
-            raise RuntimeError("the gradients of the last backward were never averaged: call "
-                               "model.finish_gradient_sync() after backward and before "
-                               "optimizer.step(), or, to accumulate gradients over several "
-                               "backwards, run the forward and backward of all but the last "
-                               "inside `with model.no_sync():`")
+            raise RuntimeError("the gradients of the last backward were never averaged: its "
+                               "buckets went out, and nothing finished them "
+                               "(finish_gradient_sync) before this forward began another "
+                               "backward's worth (see DataParallel's docstring on no_sync)")
         if torch.is_grad_enabled():    # as in torch's DDP, the forward decides for its backward
             self._backward_syncs = self._sync_enabled
         return self.module(*args, **kwargs)

@@ -11,7 +11,8 @@ Stage 2 also drops the gradients a rank does not own: a hook reduce-scatters eac
 gradient as soon as backward has produced it, adds this rank's 1/N to its gradient shard and
 frees p.grad, so a full set of gradients never exists after backward. Each parameter is cut
 into N chunks of its own (padded), so one parameter's reduce-scatter needs no other; rank r's
-shard is chunk r of every parameter. Stage 3 also shards the parameters: dpmp_lab.fsdp.
+shard is chunk r of every parameter, a view of that parameter's own (padded) storage, so the
+shard costs no copy. Stage 3 also shards the parameters: dpmp_lab.fsdp.
 """
 
 from __future__ import annotations
@@ -104,9 +105,10 @@ class ShardedOptimizer:
         self._shard_grad: torch.Tensor | None = None   # stage 2's reduced gradient chunks
         if stage == 1:
             self._stage1_views()
+            self.optimizer = optimizer_cls([self.shard], **optimizer_kwargs)
         else:
             self._stage2_layout()
-        self.optimizer = optimizer_cls([self.shard], **optimizer_kwargs)
+            self.optimizer = optimizer_cls(self.shard_chunks, **optimizer_kwargs)
 
     def _stage1_views(self) -> None:
         """Parameters, gradients and the shard as views of the two flat buffers: no copies."""
@@ -124,16 +126,22 @@ class ShardedOptimizer:
         self.shard = nn.Parameter(self._flat_params[lo:lo + self.shard_size])
 
     def _stage2_layout(self) -> None:
-        """Chunk r of every parameter (each padded to N chunks) is rank r's shard; the
+        """Each parameter lives in a buffer of its own padded to N chunks, and chunk r of every
+        one is rank r's shard: views, stepped in place, so the shard costs no copy. The
         full-size flat buffers of stage 1 are not kept."""
         n, r = self.group_size, self.group_rank
         self.chunks = [-(-p.numel() // n) for p in self.params]
         self.chunk_offsets = [sum(self.chunks[:i]) for i in range(len(self.params))]
         self.shard_size = sum(self.chunks)
-        with torch.no_grad():
-            self.shard = nn.Parameter(torch.cat([
-                nn.functional.pad(p.detach().reshape(-1), (0, c * n - p.numel()))[r * c:(r + 1) * c]
-                for p, c in zip(self.params, self.chunks, strict=True)]))
+        self._padded: list[torch.Tensor] = []
+        for p, c in zip(self.params, self.chunks, strict=True):
+            padded = torch.zeros(c * n, dtype=p.dtype, device=p.device)
+            padded[:p.numel()] = p.detach().reshape(-1)
+            p.data = padded[:p.numel()].view(p.shape)
+            self._padded.append(padded)
+        self.shard = None
+        self.shard_chunks = [nn.Parameter(padded[r * c:(r + 1) * c])
+                             for padded, c in zip(self._padded, self.chunks, strict=True)]
         self._flat_params = self._flat_grads = None
         self._reduced: set[int] = set()
         self._hooks = [p.register_post_accumulate_grad_hook(self._reduce_one(i))
@@ -145,10 +153,11 @@ class ShardedOptimizer:
             c, n = self.chunks[i], self.group_size
             with torch.no_grad():
                 full = nn.functional.pad(p.grad.reshape(-1), (0, c * n - p.numel()))
-                mine = torch.empty(c, dtype=full.dtype, device=self.shard.device)
+                mine = torch.empty(c, dtype=full.dtype, device=full.device)
                 dist.reduce_scatter_single(mine, full, op=dist.ReduceOp.SUM, group=self.group)
                 if self._shard_grad is None:
-                    self._shard_grad = torch.zeros_like(self.shard)
+                    self._shard_grad = torch.zeros(self.shard_size, dtype=full.dtype,
+                                                   device=full.device)
                 o = self.chunk_offsets[i]
                 self._shard_grad[o:o + c] += mine.div_(n)
             p.grad = None
@@ -157,8 +166,11 @@ class ShardedOptimizer:
 
     def held_tensors(self) -> dict[str, list[torch.Tensor | None]]:
         """What this rank holds beyond the model's parameters and their .grad, by kind: the
-        shard and the flat buffers (stage 1), the shard's gradient (stage 2). A memory
-        timeline adds these; a tensor held twice counts once there."""
+        shard and the flat buffers (stage 1), the padded parameter buffers and the shard's
+        gradient (stage 2). A memory timeline adds these; a tensor held twice counts once
+        there."""
+        if self.stage == 2:
+            return {"params": list(self._padded), "grads": [self._shard_grad]}
         return {"params": [self.shard, self._flat_params],
                 "grads": [self.shard.grad, self._flat_grads, self._shard_grad]}
 
@@ -169,14 +181,17 @@ class ShardedOptimizer:
 
     @property
     def state_numel(self) -> int:
-        """Optimizer-state elements this rank holds (AdamW: 2 x shard_size + 1 step counter,
-        after the first step); unsharded AdamW holds 2 x numel + one counter per tensor."""
+        """Optimizer-state elements this rank holds (AdamW: 2 x shard_size and a step counter
+        per tensor it steps: one in stage 1, one per parameter's chunk in stage 2); unsharded
+        AdamW holds 2 x numel + one counter per tensor."""
         return sum(t.numel() for state in self.optimizer.state.values()
                    for t in state.values() if isinstance(t, torch.Tensor))
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self.stage == 2:   # the last step's shard gradient goes too, not only ours
-            self._shard_grad, self._reduced, self.shard.grad = None, set(), None
+            self._shard_grad, self._reduced = None, set()
+            for chunk in self.shard_chunks:
+                chunk.grad = None
         else:           # stage 1: zero the flat gradients in place, the views stay
             with torch.no_grad():
                 self._flat_grads.zero_()
@@ -221,15 +236,17 @@ class ShardedOptimizer:
             raise RuntimeError(f"stage 2: {len(missing)} trainable parameters got no gradient "
                                "in backward, so their reduce-scatter never ran; use every "
                                "parameter in the loss (or freeze it), or stage=1")
-        self.shard.grad = self._shard_grad
-        self.optimizer.step()
+        grads = self._shard_grad
+        for chunk, o, c in zip(self.shard_chunks, self.chunk_offsets, self.chunks, strict=True):
+            chunk.grad = None if grads is None else grads[o:o + c]
+        self.optimizer.step()           # steps the chunks, views of the parameters' storage
         n = self.group_size
-        everyone = torch.empty(n * self.shard_size, dtype=self.shard.dtype,
-                               device=self.shard.device)
-        dist.all_gather_single(everyone, self.shard.detach(), group=self.group)
+        mine = torch.cat([chunk.detach() for chunk in self.shard_chunks])   # a copy to send
+        everyone = torch.empty(n * self.shard_size, dtype=mine.dtype, device=mine.device)
+        dist.all_gather_single(everyone, mine, group=self.group)
         rows = everyone.view(n, self.shard_size)
-        for p, o, c in zip(self.params, self.chunk_offsets, self.chunks, strict=True):
-            p.copy_(rows[:, o:o + c].reshape(-1)[:p.numel()].view(p.shape))
+        for padded, o, c in zip(self._padded, self.chunk_offsets, self.chunks, strict=True):
+            padded.view(n, c).copy_(rows[:, o:o + c])
         self._reduced = set()
         return loss
 

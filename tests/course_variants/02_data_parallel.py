@@ -196,6 +196,16 @@ VARIANTS = [
                                                    "flat /= 2")),
      "loses": ["allreduce_gradients_flat_tests"],
      "visible": ["allreduce_gradients_flat_tests"], "visible_says": ["dp.fixed_divisor"]},
+    {"name": "the flat buffer sized by the notebook's N_NUMEL, not by the model handed in",
+     "replace": _edit("allreduce_gradients_flat", (
+         "    flat = torch.cat([p.grad.reshape(-1) for p in params])\n",
+         "    flat = torch.zeros(N_NUMEL, dtype=params[0].grad.dtype, device=params[0].grad.device)\n"
+         "    offset = 0\n"
+         "    for p in params:\n"
+         "        flat[offset:offset + p.numel()] = p.grad.reshape(-1)\n"
+         "        offset += p.numel()\n")),
+     "loses": ["allreduce_gradients_flat_tests"],
+     "visible": ["allreduce_gradients_flat_tests"], "visible_says": ["bytes of all_reduce"]},
     {"name": "right another way: the last parameter first, p.grad made a view of the buffer",
      "replace": _edit("allreduce_gradients_flat", (
          "params = [p for p in model.parameters() if p.grad is not None]",
@@ -254,6 +264,25 @@ VARIANTS = [
          "        self.done = getattr(self, \"done\", []) + self.flat\n        self._reset()\n")),
      "loses": ["overlapping_dp_tests"],
      "visible": ["overlapping_dp_tests"], "visible_says": ["dp.finish_leaks"]},
+    {"name": "finish() leaves the arrival counts and the next bucket of the last step",
+     "replace": _edit("overlapping_dp", (
+         "                offset += p.numel()\n        self._reset()\n",
+         "                offset += p.numel()\n")),
+     "loses": ["overlapping_dp_tests"],
+     "visible": ["overlapping_dp_tests"], "visible_says": ["dp.finish_resets"]},
+    {"name": "hooks registered with a late-binding lambda: every hook reports the last index",
+     "replace": _edit("overlapping_dp", (
+         "lambda _p, i=i: self._grad_ready(i)", "lambda _p: self._grad_ready(i)")),
+     "loses": ["overlapping_dp_tests"],
+     "visible": ["overlapping_dp_tests"], "visible_says": ["has no attribute 'wait'"]},
+    {"name": "late-binding hooks, and a finish() that skips the buckets never launched",
+     "replace": _edit("overlapping_dp", (
+         "lambda _p, i=i: self._grad_ready(i)", "lambda _p: self._grad_ready(i)"), (
+         "            self.work[b].wait()\n",
+         "            if self.work[b] is None:\n                continue\n"
+         "            self.work[b].wait()\n")),
+     "loses": ["overlapping_dp_tests"],
+     "visible": ["overlapping_dp_tests"], "visible_says": ["dp.buckets_incomplete"]},
     {"name": "finish() reads the buckets without waiting for their all-reduces",
      "replace": _edit("overlapping_dp", ("            self.work[b].wait()\n", "")),
      "loses": ["overlapping_dp_tests"],

@@ -90,6 +90,19 @@ VARIANTS = [
          "            shards[name] = mine\n")),
      "loses": []},
     # -- 2 the FSDP unit --------------------------------------------------------------------------
+    _seen({"name": "FSDP unit with the world size hard-coded to 3 (the first visible size)",
+           "replace": _edit("sharded_linear", (
+               "        world = dist.get_world_size()\n"
+               "        full = torch.empty(world * shard.numel(), dtype=shard.dtype, device=shard.device)\n"
+               "        dist.all_gather_single(full, shard.detach())\n"
+               "        w, b = split_weight_bias(full, out_features, in_features)\n"
+               "        ctx.save_for_backward(x, shard)",
+               "        world = 3\n"
+               "        full = torch.empty(world * shard.numel(), dtype=shard.dtype, device=shard.device)\n"
+               "        dist.all_gather_single(full, shard.detach())\n"
+               "        w, b = split_weight_bias(full, out_features, in_features)\n"
+               "        ctx.save_for_backward(x, shard)")),
+           "loses": _UNIT, "visible_says": ["sharding.fsdp_sizes"]}),
     _seen({"name": "forgetting to free: the gathered weight saved for backward",
            "replace": _edit("sharded_linear", (
                "ctx.save_for_backward(x, shard)          # not `full`: it is freed when we return",
@@ -200,6 +213,11 @@ VARIANTS = [
                "        return block(x)          # grad mode is off inside forward: nothing recorded",
                "        y = block(x)\n        ctx.save_for_backward(x, y)\n        return y"), (
                "        (x,) = ctx.saved_tensors\n", "        x, _ = ctx.saved_tensors\n")),
+           "loses": _CKPT, "visible_says": ["keeps only its input"]}),
+    _seen({"name": "the block's output kept on ctx instead of saved: nothing is saved either",
+           "replace": _edit("checkpoint", (
+               "        return block(x)          # grad mode is off inside forward: nothing recorded",
+               "        ctx.y = block(x)\n        return ctx.y")),
            "loses": _CKPT, "visible_says": ["keeps only its input"]}),
     _seen({"name": "backward recomputes without recording, so nothing can be backpropagated",
            "replace": _edit("checkpoint", (

@@ -306,7 +306,7 @@ VARIANTS = [
      "visible": ["bw_stage_tests"], "visible_says": ["pp.w_holds_more"]},
     {"name": "B computes the weight gradients and holds them; W only adds them",
      "replace": {"bw_stage": B_DOES_W_WORK}, "loses": ["bw_stage_tests"],
-     "visible": ["bw_stage_tests"], "visible_says": ["keeps W's results"]},
+     "visible": ["bw_stage_tests"], "visible_says": ["pp.w_work_in_b"]},
     {"name": "B keeps a copy of the activations in a global list",
      "replace": HELD_IN_A_GLOBAL_TOO, "loses": ["bw_stage_tests"],
      "visible": ["bw_stage_tests"], "visible_says": ["pp.w_holds_more"]},
