@@ -397,8 +397,7 @@ class _Recorder:
         op, payload_arg, peer_arg = _C10D_OPS[name]
 
         def arg(key: str) -> Any:
-            i = schema_args.index(key)
-            return args[i] if i < len(args) else kwargs.get(key, _DEFAULTS[name].get(key))
+            return _call_arg(name, schema_args, args, kwargs, key)
 
         tensors = list(tensors_in(arg(payload_arg))) if payload_arg else []
         if any(t.device.type == "meta" for t in tensors):
@@ -497,6 +496,12 @@ def _install_module_hooks() -> list[Any]:
             torch.nn.modules.module.register_module_forward_hook(leave, always_call=True)]
 
 
+def _call_arg(name: str, schema_args: list[str], args: tuple, kwargs: dict, key: str) -> Any:
+    """The argument `key` of a c10d op call, positional, keyword or the schema's default."""
+    i = schema_args.index(key)
+    return args[i] if i < len(args) else kwargs.get(key, _DEFAULTS[name].get(key))
+
+
 def _refuse_peer_outside_group(name: str, schema_args: list[str], args: tuple,
                                kwargs: dict) -> None:
     """A send, recv, broadcast, reduce, gather or scatter whose peer is not a rank of its group
@@ -505,12 +510,8 @@ def _refuse_peer_outside_group(name: str, schema_args: list[str], args: tuple,
     op, _, peer_arg = _C10D_OPS[name]
     if peer_arg is None or peer_arg not in schema_args or "process_group" not in schema_args:
         return
-
-    def arg(key: str) -> Any:
-        i = schema_args.index(key)
-        return args[i] if i < len(args) else kwargs.get(key, _DEFAULTS[name].get(key))
-
-    peer, size = arg(peer_arg), _unbox(arg("process_group")).size()
+    peer = _call_arg(name, schema_args, args, kwargs, peer_arg)
+    size = _unbox(_call_arg(name, schema_args, args, kwargs, "process_group")).size()
     if isinstance(peer, int) and not 0 <= peer < size:
         role = {"send": "destination", "recv": "source"}.get(op, "root")
         raise ValueError(
