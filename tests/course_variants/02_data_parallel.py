@@ -136,6 +136,18 @@ VARIANTS = [
                       ("        p.grad /= world\n", "")),
      "loses": ["dp_train_step_tests"],
      "visible": ["dp_train_step_tests"], "visible_says": ["dp.loss_returned_scaled"]},
+    {"name": "a barrier after the all-reduces: right numbers, two kinds of collective",
+     "replace": _edit("dp_train_step", (
+         "    with torch.no_grad():\n        for p in model.parameters():\n            p -= lr",
+         "    dist.barrier()\n"
+         "    with torch.no_grad():\n        for p in model.parameters():\n            p -= lr")),
+     "loses": ["dp_train_step_tests"],
+     "visible": ["dp_train_step_tests"], "visible_says": ["dp.step_ops"]},
+    {"name": "the loss returned is recomputed after the update",
+     "replace": _edit("dp_train_step", ("    return loss.item()",
+                                        "    return F.mse_loss(model(x), y).item()")),
+     "loses": ["dp_train_step_tests"],
+     "visible": ["dp_train_step_tests"], "visible_says": ["dp.loss_returned]"]},
     {"name": "gradients cleared at the end of the step instead of its start",
      "replace": _edit("dp_train_step", ("    model.zero_grad()\n", ""),
                       ("    return loss.item()", "    model.zero_grad()\n    return loss.item()")),
@@ -196,6 +208,13 @@ VARIANTS = [
                                                    "flat /= 2")),
      "loses": ["allreduce_gradients_flat_tests"],
      "visible": ["allreduce_gradients_flat_tests"], "visible_says": ["dp.fixed_divisor"]},
+    {"name": "the gradients copied into a buffer of the notebook's N_NUMEL numbers",
+     "replace": _edit("allreduce_gradients_flat", (
+         "    flat = torch.cat([p.grad.reshape(-1) for p in params])\n",
+         "    flat = torch.empty(N_NUMEL, dtype=params[0].grad.dtype, device=params[0].grad.device)\n"
+         "    flat.copy_(torch.cat([p.grad.reshape(-1) for p in params]))\n")),
+     "loses": ["allreduce_gradients_flat_tests"],
+     "visible": ["allreduce_gradients_flat_tests"], "visible_says": ["dp.flat_fixed_size"]},
     {"name": "the flat buffer sized by the notebook's N_NUMEL, not by the model handed in",
      "replace": _edit("allreduce_gradients_flat", (
          "    flat = torch.cat([p.grad.reshape(-1) for p in params])\n",

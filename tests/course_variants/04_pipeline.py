@@ -227,6 +227,11 @@ REDUCE_THEN_BROADCAST = _edit(
               "        dist.reduce(flat, dst=first, group=grid.dp_group)\n"
               "        dist.broadcast(flat, src=first, group=grid.dp_group)"))
 
+LOSS_AVERAGED_OVER_THE_WORLD_TOO = _edit(
+    "dp_pp", ("        dist.all_reduce(flat, group=grid.dp_group)",
+              "        dist.all_reduce(flat, group=grid.dp_group)\n"
+              "        dist.all_reduce(torch.zeros(1, dtype=flat.dtype, device=flat.device))"))
+
 NO_SYNC = _edit("dp_pp", ("    dl.pp.run_schedule(\"1f1b\", stage, x, y, n_microbatches=m, loss_fn=F.mse_loss,\n"
                           "                       after_last_backward=average_over_replicas)",
                           "    dl.pp.run_schedule(\"1f1b\", stage, x, y, n_microbatches=m, loss_fn=F.mse_loss)"))
@@ -366,6 +371,9 @@ VARIANTS = [
     {"name": "DP x PP: right numbers, reduced onto one replica and broadcast back",
      "replace": REDUCE_THEN_BROADCAST, "loses": ["dp_pp_comm_tests"],
      "visible": ["dp_pp_comm_tests"], "visible_says": ["pp.dp_sync_ops"]},
+    {"name": "DP x PP: right numbers, and one more all-reduce over the whole world",
+     "replace": LOSS_AVERAGED_OVER_THE_WORLD_TOO, "loses": ["dp_pp_comm_tests"],
+     "visible": ["dp_pp_comm_tests"], "visible_says": ["pp.dp_sync_group"]},
     {"name": "DP x PP: no exchange at all, each replica keeps its half-batch gradients",
      "replace": NO_SYNC, "loses": ["dp_pp_tests", "dp_pp_comm_tests"],
      "visible": ["dp_pp_tests", "dp_pp_comm_tests"], "visible_says": ["pp.dp_no_sync"]},
