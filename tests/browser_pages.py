@@ -102,15 +102,18 @@ def stop_group(proc: subprocess.Popen, log, sig: int, started: dict[int, tuple[i
         log.close()
 
     def alive() -> list[int]:
-        table = proc_table()
-        return [p for p, (_, cmd) in started.items() if table.get(p, (0, ""))[1] == cmd]
+        table = proc_table()   # a pid seen as a zombie has cmd "": gone means not in table
+        return [p for p, (_, cmd) in started.items() if p in table and table[p][1] == cmd]
 
     end = time.monotonic() + grace
     while alive() and time.monotonic() < end:
         time.sleep(0.2)
     left = alive()
     for pid in left:
-        os.kill(pid, signal.SIGKILL)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:   # it ended between the look and the kill
+            pass
     return [f"{pid} {started[pid][1]}" for pid in left]
 
 
