@@ -93,6 +93,26 @@ def all_to_all_bytes(k: float, n: int) -> float:
     return (n - 1) / n * k
 
 
+def sent_bytes(op: str, nbytes: float, n: int) -> float:
+    """What one rank sends for one call of `op` over n ranks whose payload on that rank is
+    `nbytes`, as dl.trace records it (all_gather: the rank's shard; reduce_scatter and
+    all_to_all: the whole input), each collective run as a ring. A recv sends nothing; a
+    broadcast, reduce, gather or scatter counts its payload once, what a rank of a pipelined
+    chain sends (the root of a gather or a scatter sends less or more)."""
+    _check_n(n)
+    if op == "all_reduce":
+        return ring_all_reduce_bytes(nbytes, n)
+    if op == "all_gather":
+        return all_gather_bytes(nbytes * n, n)
+    if op == "reduce_scatter":
+        return reduce_scatter_bytes(nbytes, n)
+    if op == "all_to_all":
+        return all_to_all_bytes(nbytes, n)
+    if op in ("recv", "barrier"):
+        return 0.0
+    return float(nbytes)
+
+
 def cp_kv_bytes(batch: int, seq: int, d_kv: int, dtype: torch.dtype = torch.float32) -> int:
     """K of context parallel: the keys and values of the whole sequence for one attention
     layer, 2 x (batch, seq, d_kv) with d_kv = heads x head_dim.
@@ -273,4 +293,4 @@ __all__ = ["Memory", "fsdp_peak_param_bytes", "all_gather_bytes", "dp_gradient_b
            "reduce_scatter_bytes", "ring_all_reduce_bytes", "tensor_bytes",
            "tp_activation_bytes"]
 __all__ += ["all_to_all_bytes", "cp_kv_bytes", "cp_ring_bytes", "ep_dispatch_bytes"]
-__all__ += ["pp_bubble", "pp_messages"]
+__all__ += ["pp_bubble", "pp_messages", "sent_bytes"]

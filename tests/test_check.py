@@ -388,3 +388,16 @@ def test_the_relative_error_ignores_expected_values_near_zero():
         dl.check.close(got, expected, name="t")
     msg = str(info.value)
     assert "max rel error 0.25 (where |expected| >=" in msg and "e+2" not in msg
+
+
+def test_row_parts_names_the_learners_action_never_the_gold_one():
+    said = dl.check.row_parts("F0 F1 B0 B1".split(), "F0 B0 F1 B1".split())
+    assert "at action 1 (F1)" in said and "the right actions, in another order" in said
+    assert "B0 F1" not in said.split(":", 1)[1]       # the gold row's order is not shown
+    short = dl.check.row_parts(["F0"], "F0 B0".split())
+    assert "stops after 1 actions" in short and "1 actions, the schedule 2" in short
+    assert "got nothing" in dl.check.row_parts([], ["F0"])
+    wrong = dl.check.row_parts("F0 B1".split(), "F0 B0".split())
+    assert "at action 1 (B1)" in wrong and "does not hold the same actions" in wrong
+    messages = dl.check.row_parts(["send 1", "recv 1"], ["recv 1", "send 1"], "message", "the row")
+    assert messages.startswith("got send 1, recv 1: it parts from the row at message 0")

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.distributed as dist
 
 import dpmp_lab as dl
-from dpmp_lab import cost
+from dpmp_lab import collectives, cost
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -115,3 +116,36 @@ def test_pipeline_bubbles_are_the_papers():
         cost.pp_bubble("zb-v", p, m)
     with pytest.raises(ValueError, match="relative_to is 'step' or 'ideal'"):
         cost.pp_bubble("1f1b", p, m, relative_to="wall")
+
+
+def ring_traffic() -> dict[str, tuple[float, float]]:
+    """Per op: (sent_bytes of torch's collective as the tracer records it, the bytes this rank
+    really sends when dl.collectives runs the same collective as a ring of sends)."""
+    n = dist.get_world_size()
+    x = torch.randn(4 * n, dtype=torch.float64)
+    shard = torch.randn(4, dtype=torch.float64)
+    out = {}
+    for op, torch_call, ring_call in (
+            ("all_reduce", lambda: dist.all_reduce(x.clone()),
+             lambda: collectives.ring_all_reduce(x)),
+            ("reduce_scatter", lambda: dist.reduce_scatter_single(shard.clone(), x.clone()),
+             lambda: collectives.ring_reduce_scatter(x)),
+            ("all_gather", lambda: dist.all_gather_single(x.clone(), shard),
+             lambda: collectives.ring_all_gather(shard, [4] * n))):
+        with dl.trace() as t_torch:
+            torch_call()
+        with dl.trace() as t_ring:
+            ring_call()
+        (event,) = t_torch.events
+        out[op] = (cost.sent_bytes(event.op, event.nbytes, len(event.group)),
+                   t_ring.bytes("send"))
+    return out
+
+
+def test_sent_bytes_of_a_traced_call_is_what_its_ring_sends(warm):
+    res = dl.launch(ring_traffic, world_size=3, stream=False)
+    for per_op in res.values:
+        for op, (formula, sent) in per_op.items():
+            assert formula == sent, (op, formula, sent)
+    assert cost.sent_bytes("recv", 800, 4) == 0 and cost.sent_bytes("send", 800, 4) == 800
+    assert cost.sent_bytes("all_to_all", 800, 4) == cost.all_to_all_bytes(800, 4) == 600

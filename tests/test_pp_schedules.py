@@ -412,6 +412,7 @@ def check_chunked(per_rank, name: str, p: int, m: int, v: int) -> None:
         assert sorted(e.peer for e in t.select("send")) == sorted(forward + backward)
         assert sorted(e.peer for e in t.select("recv")) == sorted(forward + backward)
         assert t.count() == t.count("send") + t.count("recv")
+        assert [(e.op, e.peer) for e in t.events] == sched.messages(rank)   # and in that order
         assert res.peak_in_flight == sched.peak_in_flight(rank)
         assert [str(s) for s in res.spans] == [str(a) for a in sched.actions[rank]]
     if v > 1:   # the check can fail: stages laid out contiguously compute another model

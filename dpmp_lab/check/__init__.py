@@ -14,6 +14,7 @@ not our internals.
     references     references_off, with_references_off: the library's versions switched off;
                    stand_ins: the library's versions standing in for earlier answers
     sides          on_learners_side: a test's part that must run beside the learner's code
+    rows           row_parts: where a schedule row leaves the right one, the right one unshown
     hints          the likely mistakes, as tables a grader can extend (COMM_HINTS, SCALE_HINTS)
     failed         CheckFailed
 """
@@ -36,9 +37,11 @@ from dpmp_lab.check.references import (
     stand_ins,
     with_references_off,
 )
+from dpmp_lab.check.rows import row_parts
 from dpmp_lab.check.sides import on_learners_side
 from dpmp_lab.trace import OPS
 
 __all__ = ["FP32", "FP64", "OPS", "CheckFailed", "ReferenceSwitchedOff", "against_reference",
            "close", "comm", "compare", "grads", "overlaps_backward", "params", "references_off",
-           "on_learners_side", "same_on_all_ranks", "stand_ins", "with_references_off"]
+           "on_learners_side", "row_parts", "same_on_all_ranks", "stand_ins",
+           "with_references_off"]

@@ -165,6 +165,20 @@ class Schedule:
                 ((k + 1) % p, Action("B", j, (k + 1) // p))
         return rank, Action("B", j, c)
 
+    def messages(self, rank: int) -> list[tuple[str, int]]:
+        """("recv" or "send", peer rank) in the order a runner of this rank's row issues them,
+        receiving what an action needs right before it and sending what it made right after:
+        the order a checker holds a runner to (W sends nothing; model stage k = chunk * p +
+        rank lives on rank k % p)."""
+        p, last, seq = self.n_stages, self.n_model_stages - 1, []
+        for action in self.actions[rank]:
+            k = action.chunk * p + rank
+            if action.kind == "F":
+                seq += [("recv", (k - 1) % p)] * (k > 0) + [("send", (k + 1) % p)] * (k < last)
+            elif action.kind == "B":
+                seq += [("recv", (k + 1) % p)] * (k < last) + [("send", (k - 1) % p)] * (k > 0)
+        return seq
+
     def cost(self, kind: str) -> int:
         return {"F": 1, "B": self.backward_cost, "W": self.weight_cost}[kind]
 

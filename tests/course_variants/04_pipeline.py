@@ -257,8 +257,8 @@ def dp_pp_step(grid, module, x, y, m):
 
 WRONG_RECALL = {
     "answer_all_busy": "q_all_busy = True",
-    "answer_bubble": "q_bubble = 7 / 16",
-    "answer_bubble_ideal": "q_bubble_ideal = 7 / 23",
+    "answer_bubble": "q_bubble = 70",
+    "answer_bubble_ideal": "q_bubble_ideal = 0.5",
     "answer_memory": "q_memory = (16, 7)",
     "answer_traffic": 'q_traffic = "c"',
     "answer_more_microbatches": 'q_more_microbatches = "a"',
@@ -267,8 +267,9 @@ WRONG_RECALL = {
     "answer_dp_sync": 'q_dp_sync = "c"',
 }
 
-BUBBLE_CONVENTIONS_SWAPPED = {"answer_bubble": "q_bubble = 7 / 16",
-                              "answer_bubble_ideal": "q_bubble_ideal = 7 / 23"}
+# R2 answered in Megatron's convention (7 / m <= 0.1), R3's 0.5 taken as a share of the step
+BUBBLE_CONVENTIONS_SWAPPED = {"answer_bubble": "q_bubble = 70",
+                              "answer_bubble_ideal": "q_bubble_ideal = 0.5"}
 
 RECALL = ["recall_all_busy", "recall_bubble", "recall_bubble_ideal", "recall_memory",
           "recall_traffic", "recall_more_microbatches", "recall_memory_regime",
@@ -300,7 +301,7 @@ VARIANTS = [
      "visible": ["gpipe_tests"], "visible_says": ["every forward first"]},
     {"name": "1F1B warm-up one forward too long (a wrong table costs Exercise 2 only)",
      "replace": WARMUP_OFF_BY_ONE, "loses": ["one_f_one_b_tests"],
-     "visible": ["one_f_one_b_tests"], "visible_says": ["before its first backward"]},
+     "visible": ["one_f_one_b_tests"], "visible_says": ["never holds more than"]},
     {"name": "1F1B warm-up not capped at m (breaks only when m < p)",
      "replace": WARMUP_NOT_CAPPED_AT_M, "loses": ["one_f_one_b_tests"],
      "visible": ["one_f_one_b_tests"]},

@@ -258,6 +258,18 @@ VARIANTS = [
                "        (grad_x,) = torch.autograd.grad(y, (x,), grad_y)\n"
                "        return None, grad_x")),
            "loses": _CKPT, "visible_says": ["got no gradient"]}),
+    _seen({"name": "the activations cached in a module-level dict for backward, beside ctx",
+           "replace": _edit("checkpoint", (
+               "class CheckpointFunction(torch.autograd.Function):",
+               "_ACTIVATIONS = {}\n\n\nclass CheckpointFunction(torch.autograd.Function):"), (
+               "        return block(x)          # grad mode is off inside forward: nothing recorded",
+               "        h, kept = x, []\n"
+               "        for layer in block:\n"
+               "            h = layer(h)\n"
+               "            kept.append(h)\n"
+               "        _ACTIVATIONS[id(block)] = kept\n"
+               "        return h")),
+           "loses": _CKPT, "visible_says": ["sharding.checkpoint_kept_elsewhere"]}),
     _seen({"name": "the recomputation runs on the saved input itself, not a detached copy",
            "replace": _edit("checkpoint", ("        x = x.detach().requires_grad_(True)\n", "")),
            "loses": _CKPT, "visible_says": ["sharding.checkpoint_detach"]}),

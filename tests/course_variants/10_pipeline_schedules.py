@@ -179,7 +179,7 @@ def zb_h1_table(p, m):
     return table
 '''}
 
-ZB_H2_PEAK_OF_ZB_H1 = _edit("zb_h2_peak", ("zb_h2_peak = 2 * 4 - 1", "zb_h2_peak = 4"))
+ZB_H2_PEAK_OF_ZB_H1 = _edit("zb_h2_peak", ("zb_h2_peak = 2 * 6 - 1", "zb_h2_peak = 6"))
 
 # -- Exercise 4: torch.distributed.pipelining -----------------------------------------------------
 
