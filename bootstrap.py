@@ -10,9 +10,10 @@
 Both create .venv/ beside this file on first use and install the project into it; later runs
 reuse it and reinstall only when pyproject.toml or constraints.txt changed.
 
-torch: a torch already in .venv is kept. Otherwise the tests, and the course on a machine
-without an NVIDIA GPU, get the CPU build pinned in constraints.txt; the course on a machine
-with an NVIDIA GPU gets the same torch version from PyPI, whose Linux wheel is the CUDA build.
+torch: a torch already in .venv is kept, except a CPU build where `course` or `hub` finds an
+NVIDIA GPU. Otherwise the tests, and the course or the hub on a machine without an NVIDIA GPU,
+get the CPU build pinned in constraints.txt; the course or the hub on a machine with an NVIDIA
+GPU gets the same torch version from PyPI, whose Linux wheel is the CUDA build.
 The course installs pyproject's `course` and `instructor` extras, the hub `hub` (both and
 jupyterhub), the tests `dev` (all of it). The hub and the tests also need JupyterHub's proxy,
 configurable-http-proxy, which `npm ci` installs into deploy/node_modules from
@@ -57,6 +58,9 @@ BROWSERS = ("chromium", "chromium-browser", "google-chrome")  # what tests/test_
 EXTRAS = {"course": ("course", "instructor"), "hub": ("hub",), "test": ("dev",)}
 HOLDS = {"dev": {"dev", "course", "instructor", "hub"}, "hub": {"hub", "course", "instructor"}}
 DEPLOY = ROOT / "deploy"
+# what runs the course on GPUs (a learner's machine, a class's hub) gets the CUDA build where
+# nvidia-smi lists a GPU; the tests pin the CPU build
+GPU_PURPOSES = ("course", "hub")
 PROXY = DEPLOY / "node_modules" / ".bin" / "configurable-http-proxy"
 
 
@@ -110,11 +114,16 @@ def constraints_for(purpose: str, python: Path) -> tuple[str, str]:
     others = [line for line in CONSTRAINTS.read_text().splitlines()
               if not line.strip().startswith("torch")]
     have = installed_torch(python)
-    if have:
+    gpu = purpose in GPU_PURPOSES and has_nvidia_gpu()
+    if have and not (gpu and "+cpu" in have):
         return "\n".join(others + [f"torch=={have}"]), f"keeping torch {have}"
-    if purpose == "course" and has_nvidia_gpu():
+    if gpu:
+        if have:   # pip counts 2.13.0+cpu as torch==2.13.0: it has to go first
+            subprocess.run([str(python), "-m", "pip", "uninstall", "-y", "torch"], cwd=ROOT)
         cuda = f"torch=={tested_torch()}"   # PyPI's Linux wheel of that version is a CUDA build
-        return "\n".join(others + [cuda]), f"NVIDIA GPU found: {cuda} from PyPI (CUDA build)"
+        return "\n".join(others + [cuda]), (
+            f"NVIDIA GPU found: {cuda} from PyPI (CUDA build)"
+            + (f", replacing the CPU build {have}" if have else ""))
     return CONSTRAINTS.read_text(), "torch: the CPU build from constraints.txt"
 
 

@@ -20,6 +20,7 @@ from dpmp_lab._helpers import PACKAGE_HOME
 from dpmp_lab.instructor import course, sandbox
 from dpmp_lab.instructor.limits import Limits
 from dpmp_lab.launcher.launch import usable_cores, visible_gpus
+from dpmp_lab.launcher.nvidia import gpu_problem, nvidia_smi
 
 
 def _all_reduce_check(expected: float) -> dict:
@@ -80,11 +81,16 @@ def doctor(args: argparse.Namespace) -> int:
     print(f"backends    {', '.join(backends) or 'none'}")
     gpus = visible_gpus()
     shown = os.environ.get("CUDA_VISIBLE_DEVICES")
-    print(f"GPUs        {gpus} visible" + (f" (CUDA_VISIBLE_DEVICES={shown})" if shown else ""))
+    listed, driver = nvidia_smi()
+    print(f"GPUs        {gpus} visible" + (f" (CUDA_VISIBLE_DEVICES={shown})" if shown else "")
+          + (f"; nvidia-smi lists {listed}, driver {driver or 'unknown'}" if listed else ""))
+    problem = gpu_problem(torch.version.cuda, gpus, listed, driver, hidden=shown is not None)
+    if problem:
+        print(f"            FAILED: {problem}", file=sys.stderr)
     print(f"CPU cores   {usable_cores()}")
     for line in backend_plan(gpus, dist.is_nccl_available()):
         print(f"auto        {line}")
-    ok = _launch_check("auto", args.world_size, args.backend, args.timeout)
+    ok = _launch_check("auto", args.world_size, args.backend, args.timeout) and not problem
     if gpus and dist.is_nccl_available():
         n = 2 if gpus >= 2 else 1
         ok = _launch_check("nccl", n, "nccl", args.timeout) and ok
@@ -220,9 +226,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("doctor", help="check torch, GPUs, backends, and launches")
-    p.add_argument("-n", "--world-size", type=int, default=2)
-    p.add_argument("--backend", default="auto")
-    p.add_argument("--timeout", type=float, default=60.0)
+    p.add_argument("-n", "--world-size", type=int, default=2,
+                   help="ranks of the test launch (default: 2)")
+    p.add_argument("--backend", default="auto",
+                   help="backend of the test launch: auto (nccl with one GPU per rank, else "
+                        "gloo), gloo or nccl (default: auto)")
+    p.add_argument("--timeout", type=float, default=60.0,
+                   help="seconds before a test launch counts as hung (default: 60)")
     p.set_defaults(func=doctor)
     p = sub.add_parser("lab", help="open the course in JupyterLab")
     p.add_argument("--dir", default=None, help="folder to open (default: the course)")

@@ -54,6 +54,19 @@ def proc_table() -> dict[int, tuple[int, str]]:
     return table
 
 
+def fake_nvidia_smi(folder: Path, gpus: int, driver: str = "535.104.05") -> str:
+    """A PATH whose nvidia-smi lists `gpus` GPUs (or fails, with 0, as without a driver)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    script = folder / "nvidia-smi"
+    lines = "".join(f"echo 'GPU {i}: NVIDIA H100 80GB HBM3 (UUID: GPU-{i:08d})'\n"
+                    for i in range(gpus))
+    script.write_text("#!/bin/sh\n" + (
+        f'case "$1" in --query-gpu*) echo {driver};; *) {lines or "exit 9"};; esac\n'
+        if gpus else "echo 'NVIDIA-SMI has failed' >&2; exit 9\n"))
+    script.chmod(0o755)
+    return f"{folder}{os.pathsep}{os.environ['PATH']}"
+
+
 def stray_processes() -> list[str]:
     """Descendants of this process other than multiprocessing's own helpers."""
     table = proc_table()

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from .conftest import ROOT
+from .conftest import ROOT, fake_nvidia_smi
 
 
 @pytest.fixture(scope="module")
@@ -39,20 +39,39 @@ def test_each_command_installs_extras_that_exist_and_dev_holds_the_others(bootst
     assert "nbgrader" in have["instructor"] and "matplotlib" in have["instructor"]
 
 
-def test_a_gpu_course_gets_the_tested_torch_from_pypi_and_everything_else_the_cpu_build(
+def test_a_gpu_course_or_hub_gets_the_tested_torch_from_pypi_and_everything_else_the_cpu_build(
         bootstrap, monkeypatch, tmp_path):
-    monkeypatch.setattr(bootstrap, "installed_torch", lambda python: None)
     version = bootstrap.tested_torch()
     assert re.fullmatch(r"\d+\.\d+\.\d+", version)
-    for purpose, gpu, want in [("course", True, f"torch=={version}"),
-                               ("course", False, f"torch=={version}+cpu"),
-                               ("test", True, f"torch=={version}+cpu")]:
-        monkeypatch.setattr(bootstrap, "has_nvidia_gpu", lambda gpu=gpu: gpu)
-        constraints, _ = bootstrap.constraints_for(purpose, tmp_path / "python")
+    pip_calls = []
+    real_run = bootstrap.subprocess.run
+
+    def run(cmd, *args, **kwargs):   # nvidia-smi runs; pip is only recorded
+        if "pip" in cmd:
+            pip_calls.append(cmd[3:])
+            return subprocess.CompletedProcess(cmd, 0)
+        return real_run(cmd, *args, **kwargs)
+
+    monkeypatch.setattr(bootstrap.subprocess, "run", run)
+    for purpose, gpus, have, want in [
+            ("course", 8, None, f"torch=={version}"), ("hub", 8, None, f"torch=={version}"),
+            ("course", 0, None, f"torch=={version}+cpu"), ("hub", 0, None, f"torch=={version}+cpu"),
+            ("test", 8, None, f"torch=={version}+cpu"),
+            # a CPU build left by the tests goes where the course or the hub finds a GPU
+            ("hub", 8, f"{version}+cpu", f"torch=={version}"),
+            ("course", 0, f"{version}+cpu", f"torch=={version}+cpu"),
+            ("hub", 8, "2.9.1+cu128", "torch==2.9.1+cu128")]:
+        monkeypatch.setenv("PATH", fake_nvidia_smi(tmp_path / f"bin{gpus}", gpus))
+        monkeypatch.setattr(bootstrap, "installed_torch", lambda python, have=have: have)
+        pip_calls.clear()
+        constraints, said = bootstrap.constraints_for(purpose, tmp_path / "python")
         torch_lines = [line.split(";")[0].strip() for line in constraints.splitlines()
                        if line.startswith("torch")]
-        assert want in torch_lines, (purpose, gpu, torch_lines)
-        assert len(torch_lines) == (1 if want.endswith(version) else 2)
+        assert want in torch_lines, (purpose, gpus, have, torch_lines)
+        assert len(torch_lines) == (2 if want.endswith("+cpu") and not have else 1)
+        replaced = have is not None and "+cpu" in have and gpus > 0 and purpose != "test"
+        assert pip_calls == ([["uninstall", "-y", "torch"]] if replaced else []), pip_calls
+        assert ("replacing the CPU build" in said) == replaced
 
 
 def test_environment_yml_pins_the_tested_torch_as_the_cpu_build_with_existing_extras(

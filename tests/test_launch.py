@@ -19,7 +19,7 @@ import torch.distributed as dist
 import dpmp_lab as dl
 from dpmp_lab.launcher import processes
 
-from .conftest import ROOT, open_fds, stray_processes
+from .conftest import ROOT, fake_nvidia_smi, open_fds, stray_processes
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -788,7 +788,7 @@ def test_process_group_already_initialised_in_caller():
         dist.destroy_process_group()
 
 
-def test_doctor_passes_and_fails_clearly():
+def test_doctor_passes_and_fails_clearly(tmp_path):
     ok = subprocess.run([sys.executable, "-m", "dpmp_lab.cli", "doctor"], capture_output=True,
                         text=True, timeout=120, cwd=ROOT)
     assert ok.returncode == 0, ok.stderr
@@ -796,9 +796,34 @@ def test_doctor_passes_and_fails_clearly():
     assert "torch" in ok.stdout and "all checks passed" in ok.stdout
     assert "world size 4: gloo on the CPU (0 GPU(s) < 4 ranks)" in ok.stdout
     assert "nccl        skipped: no GPU visible" in ok.stdout
+    # a GPU server whose torch is the CPU build: nvidia-smi lists GPUs that torch cannot use
+    gpu_server = dict(os.environ, PATH=fake_nvidia_smi(tmp_path / "bin", 8))
+    gpu_server.pop("CUDA_VISIBLE_DEVICES", None)
     bad = subprocess.run([sys.executable, "-m", "dpmp_lab.cli", "doctor", "--backend", "nccl"],
-                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+                         capture_output=True, text=True, timeout=120, cwd=ROOT, env=gpu_server)
     assert bad.returncode != 0 and "FAILED" in bad.stderr
+    assert "nvidia-smi lists 8, driver 535.104.05" in bad.stdout
+    assert "this torch is the CPU build" in bad.stderr and "Fix: install the CUDA build" in \
+        bad.stderr
+    assert "all checks passed" not in bad.stdout
+
+
+def test_a_gpu_torch_cannot_use_is_a_problem_with_its_fix(tmp_path, monkeypatch):
+    from dpmp_lab.launcher.nvidia import gpu_problem, nvidia_smi
+
+    monkeypatch.setenv("PATH", fake_nvidia_smi(tmp_path / "eight", 8, driver="520.61.05"))
+    assert nvidia_smi() == (8, "520.61.05")
+    monkeypatch.setenv("PATH", fake_nvidia_smi(tmp_path / "none", 0))
+    assert nvidia_smi() == (0, None)            # nvidia-smi fails: no driver loaded
+    too_old = gpu_problem("12.8", 0, 8, "520.61.05")
+    assert "needs an NVIDIA driver >= 525" in too_old and "the driver is 520.61.05" in too_old
+    assert gpu_problem("13.0", 0, 8, "575.51.03").count(">= 580") == 1
+    assert "sees none" in gpu_problem("12.8", 0, 8, "535.104.05")   # a driver new enough
+    cpu_build = gpu_problem(None, 0, 8, "535.104.05")
+    assert cpu_build.startswith("nvidia-smi lists 8 GPU(s), but this torch is the CPU build")
+    assert gpu_problem("12.8", 8, 8, "535.104.05") is None        # torch sees them
+    assert gpu_problem(None, 0, 0, None) is None                   # no GPU at all
+    assert gpu_problem(None, 0, 8, "535.104.05", hidden=True) is None   # hidden on purpose
 
 
 def test_doctor_says_what_auto_gives_each_world_size_on_a_gpu_server():

@@ -10,6 +10,8 @@ whether the row holds the right actions at all, so the learner looks there and r
 from collections import Counter
 from collections.abc import Sequence
 
+__all__ = ["row_parts"]
+
 
 def row_parts(got: Sequence[object], want: Sequence[object], item: str = "action",
               of: str = "the schedule") -> str:
