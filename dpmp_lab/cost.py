@@ -96,9 +96,11 @@ def all_to_all_bytes(k: float, n: int) -> float:
 def sent_bytes(op: str, nbytes: float, n: int) -> float:
     """What one rank sends for one call of `op` over n ranks whose payload on that rank is
     `nbytes`, as dl.trace records it (all_gather: the rank's shard; reduce_scatter and
-    all_to_all: the whole input), each collective run as a ring. A recv sends nothing; a
-    broadcast, reduce, gather or scatter counts its payload once, what a rank of a pipelined
-    chain sends (the root of a gather or a scatter sends less or more)."""
+    all_to_all: the whole input), each collective run as a ring. A recv sends nothing, a send
+    its payload. A broadcast, reduce, gather or scatter moves the payload over n - 1 links in
+    all, wherever its root is (a pipelined chain for the first two): (n-1)/n of it per rank,
+    on average over the ranks, which is exact for the calls of all n roots together (n
+    broadcasts, one from each rank, send what one all-gather sends)."""
     _check_n(n)
     if op == "all_reduce":
         return ring_all_reduce_bytes(nbytes, n)
@@ -110,6 +112,8 @@ def sent_bytes(op: str, nbytes: float, n: int) -> float:
         return all_to_all_bytes(nbytes, n)
     if op in ("recv", "barrier"):
         return 0.0
+    if op in ("broadcast", "reduce", "gather", "scatter"):
+        return (n - 1) / n * nbytes
     return float(nbytes)
 
 

@@ -149,3 +149,5 @@ def test_sent_bytes_of_a_traced_call_is_what_its_ring_sends(warm):
             assert formula == sent, (op, formula, sent)
     assert cost.sent_bytes("recv", 800, 4) == 0 and cost.sent_bytes("send", 800, 4) == 800
     assert cost.sent_bytes("all_to_all", 800, 4) == cost.all_to_all_bytes(800, 4) == 600
+    # one broadcast from each of n ranks sends, per rank, what one all-gather of them does
+    assert 4 * cost.sent_bytes("broadcast", 800, 4) == cost.sent_bytes("all_gather", 800, 4)

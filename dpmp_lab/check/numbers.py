@@ -31,9 +31,12 @@ FP64 = {"rtol": 1e-10, "atol": 1e-10}   # TP and PP sum in another order than on
 
 
 def close(actual: Any, expected: Any, *, name: str = "value", rank: int | None = None,
-          rtol: float = FP32["rtol"], atol: float = FP32["atol"]) -> None:
-    """Assert `actual` equals `expected` within |a - e| <= atol + rtol * |e|, element-wise."""
-    problem = _difference(actual, expected, rtol, atol)
+          rtol: float = FP32["rtol"], atol: float = FP32["atol"],
+          world: int | None = None) -> None:
+    """Assert `actual` equals `expected` within |a - e| <= atol + rtol * |e|, element-wise.
+    `world`, the run's number of ranks when there is one, keeps a hint for a result scaled by
+    another whole number from blaming the ranks."""
+    problem = _difference(actual, expected, rtol, atol, world=world)
     if problem:
         where = f"rank {rank}: {name!r}" if rank is not None else repr(name)
         raise CheckFailed(f"{where} {problem}")

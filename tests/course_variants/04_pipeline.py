@@ -253,6 +253,11 @@ def dp_pp_step(grid, module, x, y, m):
                        after_last_backward=replica.finish_gradient_sync)
 '''}
 
+# a good-faith learner's runner: the micro-batch read as the action's second character, so
+# "F12" is micro-batch 1 (the visible runs had m <= 4)
+ONE_DIGIT_INDEX = _edit("runner", ("kind, j = action[0], int(action[1:])",
+                                   "kind, j = action[0], int(action[1])"))
+
 # -- recall ----------------------------------------------------------------------------------
 
 WRONG_RECALL = {
@@ -299,6 +304,9 @@ VARIANTS = [
     {"name": "GPipe table interleaves F and B (that is the naive schedule)",
      "replace": GPIPE_INTERLEAVED, "loses": ["gpipe_tests"],
      "visible": ["gpipe_tests"], "visible_says": ["every forward first"]},
+    {"name": "runner: the micro-batch index read as one digit (F12 taken for F1)",
+     "replace": ONE_DIGIT_INDEX, "loses": ["runner_tests"],
+     "visible": ["runner_tests"]},
     {"name": "1F1B warm-up one forward too long (a wrong table costs Exercise 2 only)",
      "replace": WARMUP_OFF_BY_ONE, "loses": ["one_f_one_b_tests"],
      "visible": ["one_f_one_b_tests"], "visible_says": ["never holds more than"]},

@@ -24,6 +24,133 @@ def _seen(variant: dict) -> dict:
     return {**variant, "visible": variant.get("visible", variant["loses"])}
 
 
+# a good-faith learner's wrong versions (third pass), whole cells
+CKPT_INPUT_ON_THE_CLASS = {"checkpoint": '''
+class CheckpointFunction(torch.autograd.Function):
+    """Run `block` without keeping its activations; recompute them, with the same random
+    numbers, in backward."""
+
+    @staticmethod
+    def forward(ctx, block, x):
+        ctx.block = block
+        ctx.rng = torch.get_rng_state()
+        CheckpointFunction.saved_input = x.detach()
+        with torch.no_grad():
+            return block(x)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        x = CheckpointFunction.saved_input
+        x = x.detach().requires_grad_(True)
+        caller = torch.get_rng_state()
+        torch.set_rng_state(ctx.rng)
+        with torch.enable_grad():
+            y = ctx.block(x)
+        torch.set_rng_state(caller)
+        torch.autograd.backward(y, grad_y)
+        return None, x.grad
+'''}
+CKPT_RNG_ON_THE_CLASS = {"checkpoint": '''
+class CheckpointFunction(torch.autograd.Function):
+    """Run `block` without keeping its activations; recompute them, with the same random
+    numbers, in backward."""
+
+    @staticmethod
+    def forward(ctx, block, x):
+        ctx.block = block
+        CheckpointFunction.rng_state = torch.get_rng_state()
+        ctx.save_for_backward(x)
+        with torch.no_grad():
+            return block(x)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        (x,) = ctx.saved_tensors
+        x = x.detach().requires_grad_(True)
+        caller = torch.get_rng_state()
+        torch.set_rng_state(CheckpointFunction.rng_state)
+        with torch.enable_grad():
+            y = ctx.block(x)
+        torch.set_rng_state(caller)
+        torch.autograd.backward(y, grad_y)
+        return None, x.grad
+'''}
+FSDP_WHOLE_GRADIENTS_CACHED = {"sharded_linear": '''
+_GRAD_BUFFERS = {}
+
+
+class ShardedLinearFunction(torch.autograd.Function):
+    """One FSDP unit: the whole weight exists only while forward or backward computes with
+    it; the shard's gradient is this rank's part of the averaged weight gradient."""
+
+    @staticmethod
+    def forward(ctx, x, shard, out_features, in_features):
+        world = dist.get_world_size()
+        full = torch.empty(world * shard.numel(), dtype=shard.dtype, device=shard.device)
+        dist.all_gather_into_tensor(full, shard)
+        w, b = split_weight_bias(full, out_features, in_features)
+        y = F.linear(x, w, b)
+        ctx.save_for_backward(x, shard)
+        ctx.sizes = (out_features, in_features)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, shard = ctx.saved_tensors
+        out_features, in_features = ctx.sizes
+        world = dist.get_world_size()
+        full = torch.empty(world * shard.numel(), dtype=shard.dtype, device=shard.device)
+        dist.all_gather_into_tensor(full, shard)
+        w, b = split_weight_bias(full, out_features, in_features)
+        grad_x = grad_out @ w
+        go = grad_out.reshape(-1, out_features)
+        grad_w = go.t() @ x.reshape(-1, in_features)
+        grad_b = go.sum(0)
+        flat = pack_weight_bias(grad_w, grad_b, full)
+        _GRAD_BUFFERS[(out_features, in_features)] = flat
+        del full, w, b
+        grad_shard = torch.empty_like(shard)
+        dist.reduce_scatter_tensor(grad_shard, flat, op=dist.ReduceOp.SUM)
+        grad_shard /= world
+        return grad_x, grad_shard, None, None
+'''}
+FSDP_SHARD_GRAD_A_VIEW = {"sharded_linear": '''
+class ShardedLinearFunction(torch.autograd.Function):
+    """One FSDP unit: the whole weight exists only while forward or backward computes with
+    it; the shard's gradient is this rank's part of the averaged weight gradient."""
+
+    @staticmethod
+    def forward(ctx, x, shard, out_features, in_features):
+        world = dist.get_world_size()
+        full = torch.empty(world * shard.numel(), dtype=shard.dtype, device=shard.device)
+        dist.all_gather_into_tensor(full, shard)
+        w, b = split_weight_bias(full, out_features, in_features)
+        y = F.linear(x, w, b)
+        ctx.save_for_backward(x, shard)
+        ctx.sizes = (out_features, in_features)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, shard = ctx.saved_tensors
+        out_features, in_features = ctx.sizes
+        world = dist.get_world_size()
+        full = torch.empty(world * shard.numel(), dtype=shard.dtype, device=shard.device)
+        dist.all_gather_into_tensor(full, shard)
+        w, b = split_weight_bias(full, out_features, in_features)
+        grad_x = grad_out @ w
+        go = grad_out.reshape(-1, out_features)
+        grad_w = go.t() @ x.reshape(-1, in_features)
+        grad_b = go.sum(0)
+        flat = pack_weight_bias(grad_w, grad_b, full)
+        del full, w, b
+        flat /= world
+        grad_shard = torch.empty_like(flat).view(world, -1)[dist.get_rank()]
+        dist.reduce_scatter_tensor(grad_shard, flat, op=dist.ReduceOp.SUM)
+        return grad_x, grad_shard, None, None
+'''}
+
+
 VARIANTS = [
     # -- 1 ZeRO-2 from gradient hooks ------------------------------------------------------------
     _seen({"name": "the chunk is the SUM over the ranks, not divided by their number",
@@ -37,7 +164,12 @@ VARIANTS = [
                "            dist.all_reduce(padded, op=dist.ReduceOp.SUM)\n"
                "            r = dist.get_rank()\n"
                "            shards[name] = padded[r * size:(r + 1) * size] / world\n")),
-           "loses": _Z2, "visible_says": ["an all-reduce where a reduce-scatter belongs"]}),
+           "loses": _Z2, "visible_says": ["sharding.zero2_budget"]}),
+    _seen({"name": "the chunk's buffer made without the gradient's dtype (float32 for float64)",
+           "replace": _edit("zero2_hooks", (
+               "mine = torch.empty(size, dtype=p.grad.dtype, device=p.grad.device)",
+               "mine = torch.empty(size, device=p.grad.device)")),
+           "loses": _Z2, "visible_says": ["sharding.zero2_dtype"]}),
     _seen({"name": "int() where the chunk size needs ceil: the last numbers are cut off",
            "replace": _edit("zero2_hooks", ("size = -(-p.numel() // world)",
                                             "size = p.numel() // world")),
@@ -90,6 +222,12 @@ VARIANTS = [
          "            shards[name] = mine\n")),
      "loses": []},
     # -- 2 the FSDP unit --------------------------------------------------------------------------
+    _seen({"name": "every whole weight gradient cached in a module dict after its reduce-scatter",
+           "replace": FSDP_WHOLE_GRADIENTS_CACHED, "loses": _UNIT,
+           "visible_says": ["sharding.fsdp_gradient_kept"]}),
+    _seen({"name": "the shard's gradient a view into a whole-size buffer",
+           "replace": FSDP_SHARD_GRAD_A_VIEW, "loses": _UNIT,
+           "visible_says": ["sharding.fsdp_gradient_kept"]}),
     _seen({"name": "FSDP unit with the world size hard-coded to 3 (the first visible size)",
            "replace": _edit("sharded_linear", (
                "        world = dist.get_world_size()\n"
@@ -111,7 +249,7 @@ VARIANTS = [
                "        full = torch.empty(world * shard.numel(), dtype=shard.dtype, "
                "device=shard.device)\n"
                "        dist.all_gather_single(full, shard.detach())      # gathered again\n", "")),
-           "loses": _UNIT, "visible_says": ["kept its gathered weight from forward"]}),
+           "loses": _UNIT, "visible_says": ["forward must free the gathered weight"]}),
     _seen({"name": "the gathered weight saved for backward, and gathered again anyway",
            "replace": _edit("sharded_linear", (
                "ctx.save_for_backward(x, shard)          # not `full`: it is freed when we return",
@@ -143,7 +281,7 @@ VARIANTS = [
                "        dist.all_reduce(flat, op=dist.ReduceOp.SUM)\n"
                "        size = shard.numel()\n"
                "        grad_shard = flat[dist.get_rank() * size:(dist.get_rank() + 1) * size]\n")),
-           "loses": _UNIT, "visible_says": ["moves and holds N times what the shard needs"]}),
+           "loses": _UNIT, "visible_says": ["sharding.fsdp_budget"]}),
     _seen({"name": "the reduce-scattered gradient not divided by N",
            "replace": _edit("sharded_linear", ("return grad_x, grad_shard / world, None, None",
                                                "return grad_x, grad_shard, None, None")),
@@ -270,6 +408,12 @@ VARIANTS = [
                "        _ACTIVATIONS[id(block)] = kept\n"
                "        return h")),
            "loses": _CKPT, "visible_says": ["sharding.checkpoint_kept_elsewhere"]}),
+    _seen({"name": "the input kept on the Function's class: two blocks in a row share it",
+           "replace": CKPT_INPUT_ON_THE_CLASS, "loses": _CKPT,
+           "visible_says": ["sharding.checkpoint_per_call"]}),
+    _seen({"name": "the RNG state kept on the Function's class: two blocks in a row share it",
+           "replace": CKPT_RNG_ON_THE_CLASS, "loses": _CKPT,
+           "visible_says": ["sharding.checkpoint_per_call"]}),
     _seen({"name": "the recomputation runs on the saved input itself, not a detached copy",
            "replace": _edit("checkpoint", ("        x = x.detach().requires_grad_(True)\n", "")),
            "loses": _CKPT, "visible_says": ["sharding.checkpoint_detach"]}),

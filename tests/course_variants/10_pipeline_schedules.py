@@ -181,6 +181,58 @@ def zb_h1_table(p, m):
 
 ZB_H2_PEAK_OF_ZB_H1 = _edit("zb_h2_peak", ("zb_h2_peak = 2 * 6 - 1", "zb_h2_peak = 6"))
 
+# a good-faith learner's wrong versions (third pass), whole cells
+BIAS_GRADIENT_IN_B = {"bw_stage": '''
+def b_step(layers, acts, grad_out):
+    """B of a stage: (dL/d(stage input), what W needs later), no parameter gradient yet."""
+    held = [None] * len(layers)
+    g = grad_out
+    for i in reversed(range(len(layers))):
+        held[i] = (acts[i], g, g.sum(0))          # the bias gradient is cheap: done here
+        g = backward_input(g, layers[i].weight)
+        if i > 0:
+            g = g * (1 - acts[i] ** 2)
+    return g, held
+
+
+def w_step(layers, held):
+    """W of a stage: add every layer's weight and bias gradients into .grad."""
+    for layer, (x, g, gb) in zip(layers, held):
+        gw = g.t() @ x
+        for q, d in ((layer.weight, gw), (layer.bias, gb)):
+            if q.grad is None:
+                q.grad = d.clone()
+            else:
+                q.grad += d
+'''}
+HELD_IN_A_QUEUE_NEVER_EMPTIED = {"bw_stage": '''
+PENDING_W = []       # every micro-batch's W inputs, waiting for their W
+
+
+def b_step(layers, acts, grad_out):
+    """B of a stage: (dL/d(stage input), what W needs later), no parameter gradient yet."""
+    held = [None] * len(layers)
+    g = grad_out
+    for i in reversed(range(len(layers))):
+        held[i] = (acts[i], g)
+        g = backward_input(g, layers[i].weight)
+        if i > 0:
+            g = g * (1 - acts[i] ** 2)
+    PENDING_W.append(held)
+    return g, held
+
+
+def w_step(layers, held):
+    """W of a stage: add every layer's weight and bias gradients into .grad."""
+    for layer, (x, g) in zip(layers, held):
+        gw, gb = backward_weight(g, x)
+        for q, d in ((layer.weight, gw), (layer.bias, gb)):
+            if q.grad is None:
+                q.grad = d.clone()
+            else:
+                q.grad += d
+'''}
+
 # -- Exercise 4: torch.distributed.pipelining -----------------------------------------------------
 
 CONTIGUOUS_CHUNKS = _edit("torch_step", ("mine = [c * p + rank for c in range(v)]",
@@ -213,6 +265,9 @@ THE_LIBRARYS_TORCH_SCHEDULE = _edit(
 """, """    mine = [pieces[c * p + rank] for c in range(v)]
     losses = dl.pp.torch_schedule(mine, schedule_name, m, F.mse_loss)(x, y)
 """))
+
+SCHEDULE_CLASS_FIXED = _edit("torch_step", ("getattr(schedules, schedule_name)(",
+                                            "schedules.ScheduleInterleaved1F1B("))
 
 NO_TARGET_ON_THE_LAST_RANK = _edit("torch_step", ("    if v * p - 1 in mine:\n",
                                                   "    if False:\n"))
@@ -292,12 +347,18 @@ VARIANTS = [
     {"name": "B: the input gradient with the weight transposed",
      "replace": INPUT_GRAD_WITH_THE_TRANSPOSE, "loses": ["bw_linear_tests", "bw_stage_tests"],
      "visible": ["bw_linear_tests", "bw_stage_tests"]},
+    {"name": "stage: the bias gradient computed in B, left for W to add",
+     "replace": BIAS_GRADIENT_IN_B, "loses": ["bw_stage_tests"],
+     "visible": ["bw_stage_tests"], "visible_says": ["pp.w_work_in_b"]},
+    {"name": "stage: what W needs also kept in a module-level queue never emptied",
+     "replace": HELD_IN_A_QUEUE_NEVER_EMPTIED, "loses": ["bw_stage_tests"],
+     "visible": ["bw_stage_tests"], "visible_says": ["pp.w_frees"]},
     {"name": "stage: W computed during B",
      "replace": W_DONE_DURING_B, "loses": ["bw_stage_tests"],
      "visible": ["bw_stage_tests"], "visible_says": ["already have a gradient"]},
     {"name": "stage: B skips tanh's derivative",
      "replace": NO_TANH_DERIVATIVE, "loses": ["bw_stage_tests"],
-     "visible": ["bw_stage_tests"]},
+     "visible": ["bw_stage_tests"], "visible_says": ["pp.tanh_derivative"]},
     {"name": "stage: W keeps the gradient before tanh's derivative",
      "replace": HOLDS_THE_GRADIENT_BEFORE_TANH, "loses": ["bw_stage_tests"],
      "visible": ["bw_stage_tests"]},
@@ -339,6 +400,9 @@ VARIANTS = [
      "replace": LAZY_W, "loses": []},
     {"name": "ZB-H2's peak taken for ZB-H1's",
      "replace": ZB_H2_PEAK_OF_ZB_H1, "loses": ["zb_h2_peak_tests"]},
+    {"name": "torch_step: the schedule class fixed, schedule_name ignored",
+     "replace": SCHEDULE_CLASS_FIXED, "loses": ["torch_step_tests"],
+     "visible": ["torch_step_tests"], "visible_says": ["pp.torch_schedule_name"]},
     {"name": "torch_step: two chunks per rank hard-coded (v = 3 goes wrong)",
      "replace": TWO_CHUNKS_HARD_CODED, "loses": ["torch_step_tests"],
      "visible": ["torch_step_tests"]},
