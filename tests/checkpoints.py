@@ -157,25 +157,31 @@ class Checkpoints:
         self.saved[at] = (copy_namespace(self._own(namespace)), torch.random.get_rng_state(),
                           random.getstate())
 
-    def restore(self, namespace: dict, at: int, keep: tuple[str, ...] = ()) -> None:
+    def restore(self, namespace: dict, at: int, keep: tuple[str, ...] = (),
+                only: Any = None) -> None:
         """The namespace and random states saved at `at`, except the names in `keep` (the
-        variant's own values, which differ from the solution's)."""
+        variant's own values, which differ from the solution's); only the names in `only`
+        when given (those the cells from `at` on read: the others cannot change what runs)."""
         names, torch_rng, rng = self.saved[at]
+        wanted = (lambda k: True) if only is None else set(only).__contains__
         for key in [k for k in namespace if not skipped(k) and k not in names
-                    and k not in keep and k not in self.ignored]:
+                    and k not in keep and k not in self.ignored and wanted(k)]:
             del namespace[key]
         # a name that holds the saved value already keeps its object, and with it what the
         # kept names share with it (an optimizer and the model whose parameters it steps)
-        stale = {k: v for k, v in names.items() if k not in keep
+        stale = {k: v for k, v in names.items() if k not in keep and wanted(k)
                  and not (k in namespace and same(namespace[k], v))}
         namespace.update(copy_namespace(stale))
         torch.random.set_rng_state(torch_rng)
         random.setstate(rng)
 
-    def differs(self, namespace: dict, at: int) -> list[str]:
+    def differs(self, namespace: dict, at: int, only: Any = None) -> list[str]:
         """The names whose values differ from the solution's saved at `at` (or that only one
-        of the two holds)."""
+        of the two holds); among `only` when given (the names a later cell reads: a value no
+        later cell reads cannot change what one does, and comparing is most of the cost)."""
         names = self.saved[at][0]
         keys = {k for k in namespace if not skipped(k) and k not in self.ignored} | set(names)
+        if only is not None:
+            keys &= set(only)
         return sorted(k for k in keys
                       if k not in namespace or k not in names or not same(namespace[k], names[k]))

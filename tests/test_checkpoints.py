@@ -102,3 +102,13 @@ def test_restore_keeps_the_objects_that_hold_the_saved_values_already():
     points.restore(namespace, 0, keep=("steps",))
     assert namespace["weights"] is weights and namespace["steps"][1] is weights
     assert namespace["lr"] == 0.1
+
+
+def test_only_the_names_later_cells_read_are_compared_and_put_back():
+    cp = Checkpoints()
+    cp.save({"a": 1, "b": [1, 2], "c": torch.zeros(2)}, 3)
+    ns = {"a": 2, "b": [1, 3], "c": torch.zeros(2), "d": 4}
+    assert cp.differs(ns, 3) == ["a", "b", "d"]
+    assert cp.differs(ns, 3, only=("b", "c")) == ["b"]   # what no later cell reads is left out
+    cp.restore(ns, 3, only=("b", "d"))
+    assert ns["b"] == [1, 2] and "d" not in ns and ns["a"] == 2   # "a" not read later: as it was

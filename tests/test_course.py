@@ -23,7 +23,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from dpmp_lab.harness.cells import cells_to_rerun, read_cells, spoils
+from dpmp_lab.harness.cells import EVERYTHING, cells_to_rerun, read_cells, spoils
 from dpmp_lab.instructor import course
 from dpmp_lab.instructor.nbgrader_steps import Step
 
@@ -596,6 +596,11 @@ async def _grade_in_one_job(name: str) -> dict[str, KernelGrade]:
                              swaps=NAMESPACE_SWAPS.get(name, frozenset()))
         grade, dirty, behind = KernelGrade({}, {}), set(), False
         start = min(changed)
+        later: dict[int, tuple[str, ...] | None] = {}   # what the cells after each one read
+        read_later: set[str] = set()
+        for index in reversed(code):
+            later[index] = None if EVERYTHING in read_later else tuple(sorted(read_later))
+            read_later |= reading.reads[index]
         await plumbing(f"__dpmp_checkpoints.restore(globals(), {start})", start)
         for index in (i for i in code if i >= start):
             if not dirty and index > max(changed):
@@ -605,14 +610,16 @@ async def _grade_in_one_job(name: str) -> dict[str, KernelGrade]:
                 behind = True
                 continue
             if behind:
+                from_here = None if later[index] is None or EVERYTHING in reading.reads[index] \
+                    else tuple(sorted(set(later[index]) | reading.reads[index]))
                 await plumbing(f"__dpmp_checkpoints.restore(globals(), {index}, "
-                               f"{tuple(sorted(dirty))!r})", index)
+                               f"{tuple(sorted(dirty))!r}, {from_here!r})", index)
                 behind = False
             ran.append(index)
             await execute(cells[index], index, grade)
             printed = await plumbing(
                 f"print(__import__('json').dumps(__dpmp_checkpoints.differs(globals(), "
-                f"{after[index]})))", index)
+                f"{after[index]}, {later[index]!r})))", index)
             dirty = set().union(*(json.loads(line) for line in printed.splitlines()))
         return grade
 
