@@ -343,6 +343,22 @@ NAMESPACE_SWAPS = {"03_tensor_parallel": frozenset({"library_versions"}),
                    "09_context_parallel": frozenset({"library_pieces"})}
 
 
+# Cells that read the whole namespace (globals(), vars(), ...; a function they call counts):
+# after any change before them they always run again in a variant's grading, so each is a
+# choice, not an accident (07's tests once read ctx through vars(): every variant of the
+# notebook re-ran its two heaviest test cells, 520 s of the suite).
+READS_EVERYTHING = {"04_pipeline": {"code_mem"}, "05_hybrid": {"hybrid_comm_tests"}}
+
+
+@pytest.mark.parametrize("name", ASSIGNMENTS)
+def test_only_the_chosen_cells_read_the_whole_namespace(name):
+    nb = source_notebook(name)
+    reading = read_cells(_code_sources(nb), swaps=NAMESPACE_SWAPS.get(name, frozenset()))
+    whole = {nb.cells[i].metadata.get("nbgrader", {}).get("grade_id", str(i))
+             for i in reading.code if EVERYTHING in reading.reads[i]}
+    assert whole == READS_EVERYTHING.get(name, set())
+
+
 def test_the_namespace_swaps_are_the_notebooks_own_and_put_back_what_they_replace():
     """Each named helper is defined in its notebook, reaches the namespace, and puts back what
     it replaced: it hands globals() to dl.check.stand_ins, which does (a rename or a rewrite
