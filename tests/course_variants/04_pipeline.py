@@ -253,6 +253,13 @@ def dp_pp_step(grid, module, x, y, m):
                        after_last_backward=replica.finish_gradient_sync)
 '''}
 
+# a learner's runner that reports the loss it backpropagates (divided by m), on 2 ranks with
+# m = 4: the hint must not blame 4 ranks
+LOSS_REPORTED_SCALED = _edit("runner", ("                losses.append(loss.item())\n"
+                                        "                out = loss / m\n",
+                                        "                out = loss / m\n"
+                                        "                losses.append(out.item())\n"))
+
 # a good-faith learner's runner: the micro-batch read as the action's second character, so
 # "F12" is micro-batch 1 (the visible runs had m <= 4)
 ONE_DIGIT_INDEX = _edit("runner", ("kind, j = action[0], int(action[1:])",
@@ -304,6 +311,9 @@ VARIANTS = [
     {"name": "GPipe table interleaves F and B (that is the naive schedule)",
      "replace": GPIPE_INTERLEAVED, "loses": ["gpipe_tests"],
      "visible": ["gpipe_tests"], "visible_says": ["every forward first"]},
+    {"name": "runner: the losses reported divided by m",
+     "replace": LOSS_REPORTED_SCALED, "loses": ["runner_tests"],
+     "visible": ["runner_tests"], "visible_says": ["not the ranks: this run has 2"]},
     {"name": "runner: the micro-batch index read as one digit (F12 taken for F1)",
      "replace": ONE_DIGIT_INDEX, "loses": ["runner_tests"],
      "visible": ["runner_tests"]},

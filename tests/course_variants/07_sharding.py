@@ -282,6 +282,9 @@ VARIANTS = [
                "        size = shard.numel()\n"
                "        grad_shard = flat[dist.get_rank() * size:(dist.get_rank() + 1) * size]\n")),
            "loses": _UNIT, "visible_says": ["sharding.fsdp_budget"]}),
+    _seen({"name": "the input's gradient with the weight transposed: a crossed product",
+           "replace": _edit("sharded_linear", ("grad_x = grad_out @ w", "grad_x = grad_out @ w.T")),
+           "loses": _UNIT, "visible_says": ["sharding.fsdp_local_shapes"]}),
     _seen({"name": "the reduce-scattered gradient not divided by N",
            "replace": _edit("sharded_linear", ("return grad_x, grad_shard / world, None, None",
                                                "return grad_x, grad_shard, None, None")),
