@@ -24,131 +24,24 @@ def _seen(variant: dict) -> dict:
     return {**variant, "visible": variant.get("visible", variant["loses"])}
 
 
-# a good-faith learner's wrong versions (third pass), whole cells
-CKPT_INPUT_ON_THE_CLASS = {"checkpoint": '''
-class CheckpointFunction(torch.autograd.Function):
-    """Run `block` without keeping its activations; recompute them, with the same random
-    numbers, in backward."""
-
-    @staticmethod
-    def forward(ctx, block, x):
-        ctx.block = block
-        ctx.rng = torch.get_rng_state()
-        CheckpointFunction.saved_input = x.detach()
-        with torch.no_grad():
-            return block(x)
-
-    @staticmethod
-    def backward(ctx, grad_y):
-        x = CheckpointFunction.saved_input
-        x = x.detach().requires_grad_(True)
-        caller = torch.get_rng_state()
-        torch.set_rng_state(ctx.rng)
-        with torch.enable_grad():
-            y = ctx.block(x)
-        torch.set_rng_state(caller)
-        torch.autograd.backward(y, grad_y)
-        return None, x.grad
-'''}
-CKPT_RNG_ON_THE_CLASS = {"checkpoint": '''
-class CheckpointFunction(torch.autograd.Function):
-    """Run `block` without keeping its activations; recompute them, with the same random
-    numbers, in backward."""
-
-    @staticmethod
-    def forward(ctx, block, x):
-        ctx.block = block
-        CheckpointFunction.rng_state = torch.get_rng_state()
-        ctx.save_for_backward(x)
-        with torch.no_grad():
-            return block(x)
-
-    @staticmethod
-    def backward(ctx, grad_y):
-        (x,) = ctx.saved_tensors
-        x = x.detach().requires_grad_(True)
-        caller = torch.get_rng_state()
-        torch.set_rng_state(CheckpointFunction.rng_state)
-        with torch.enable_grad():
-            y = ctx.block(x)
-        torch.set_rng_state(caller)
-        torch.autograd.backward(y, grad_y)
-        return None, x.grad
-'''}
-FSDP_WHOLE_GRADIENTS_CACHED = {"sharded_linear": '''
-_GRAD_BUFFERS = {}
-
-
-class ShardedLinearFunction(torch.autograd.Function):
-    """One FSDP unit: the whole weight exists only while forward or backward computes with
-    it; the shard's gradient is this rank's part of the averaged weight gradient."""
-
-    @staticmethod
-    def forward(ctx, x, shard, out_features, in_features):
-        world = dist.get_world_size()
-        full = torch.empty(world * shard.numel(), dtype=shard.dtype, device=shard.device)
-        dist.all_gather_into_tensor(full, shard)
-        w, b = split_weight_bias(full, out_features, in_features)
-        y = F.linear(x, w, b)
-        ctx.save_for_backward(x, shard)
-        ctx.sizes = (out_features, in_features)
-        return y
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        x, shard = ctx.saved_tensors
-        out_features, in_features = ctx.sizes
-        world = dist.get_world_size()
-        full = torch.empty(world * shard.numel(), dtype=shard.dtype, device=shard.device)
-        dist.all_gather_into_tensor(full, shard)
-        w, b = split_weight_bias(full, out_features, in_features)
-        grad_x = grad_out @ w
-        go = grad_out.reshape(-1, out_features)
-        grad_w = go.t() @ x.reshape(-1, in_features)
-        grad_b = go.sum(0)
-        flat = pack_weight_bias(grad_w, grad_b, full)
-        _GRAD_BUFFERS[(out_features, in_features)] = flat
-        del full, w, b
-        grad_shard = torch.empty_like(shard)
-        dist.reduce_scatter_tensor(grad_shard, flat, op=dist.ReduceOp.SUM)
-        grad_shard /= world
-        return grad_x, grad_shard, None, None
-'''}
-FSDP_SHARD_GRAD_A_VIEW = {"sharded_linear": '''
-class ShardedLinearFunction(torch.autograd.Function):
-    """One FSDP unit: the whole weight exists only while forward or backward computes with
-    it; the shard's gradient is this rank's part of the averaged weight gradient."""
-
-    @staticmethod
-    def forward(ctx, x, shard, out_features, in_features):
-        world = dist.get_world_size()
-        full = torch.empty(world * shard.numel(), dtype=shard.dtype, device=shard.device)
-        dist.all_gather_into_tensor(full, shard)
-        w, b = split_weight_bias(full, out_features, in_features)
-        y = F.linear(x, w, b)
-        ctx.save_for_backward(x, shard)
-        ctx.sizes = (out_features, in_features)
-        return y
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        x, shard = ctx.saved_tensors
-        out_features, in_features = ctx.sizes
-        world = dist.get_world_size()
-        full = torch.empty(world * shard.numel(), dtype=shard.dtype, device=shard.device)
-        dist.all_gather_into_tensor(full, shard)
-        w, b = split_weight_bias(full, out_features, in_features)
-        grad_x = grad_out @ w
-        go = grad_out.reshape(-1, out_features)
-        grad_w = go.t() @ x.reshape(-1, in_features)
-        grad_b = go.sum(0)
-        flat = pack_weight_bias(grad_w, grad_b, full)
-        del full, w, b
-        flat /= world
-        grad_shard = torch.empty_like(flat).view(world, -1)[dist.get_rank()]
-        dist.reduce_scatter_tensor(grad_shard, flat, op=dist.ReduceOp.SUM)
-        return grad_x, grad_shard, None, None
-'''}
+# a good-faith learner's wrong versions (third pass), written into the solution
+CKPT_INPUT_ON_THE_CLASS = _edit("checkpoint", (
+    "        ctx.save_for_backward(x)\n", "        CheckpointFunction.saved_input = x.detach()\n"), (
+    "        (x,) = ctx.saved_tensors\n", "        x = CheckpointFunction.saved_input\n"))
+CKPT_RNG_ON_THE_CLASS = _edit("checkpoint", (
+    "        ctx.rng = torch.get_rng_state()\n",
+    "        CheckpointFunction.rng = torch.get_rng_state()\n"), (
+    "torch.set_rng_state(ctx.rng)", "torch.set_rng_state(CheckpointFunction.rng)"))
+FSDP_WHOLE_GRADIENTS_CACHED = _edit("sharded_linear", (
+    "class ShardedLinearFunction(", "_GRAD_BUFFERS = {}\n\n\nclass ShardedLinearFunction("), (
+    "        flat = pack_weight_bias(grad_w, grad_b, full)\n",
+    "        flat = pack_weight_bias(grad_w, grad_b, full)\n"
+    "        _GRAD_BUFFERS[(out_features, in_features)] = flat\n"))
+FSDP_SHARD_GRAD_A_VIEW = _edit("sharded_linear", (
+    "        grad_shard = torch.empty_like(shard)\n",
+    "        flat /= world\n"
+    "        grad_shard = torch.empty_like(flat).view(world, -1)[dist.get_rank()]\n"), (
+    "return grad_x, grad_shard / world, None, None", "return grad_x, grad_shard, None, None"))
 
 
 VARIANTS = [
