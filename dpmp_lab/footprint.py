@@ -21,7 +21,8 @@ torch.cuda.max_memory_allocated tells the whole story; fp.cuda_peak holds it the
 `held()` counts every tensor instead, wherever it is kept: each storage once, behind every
 tensor Python can reach (a module's global, an attribute, a closure, a container, a pool, a
 send's handle) and every tensor autograd saved for backward, less what the rank held when the
-window opened. `Followed` follows chosen storages by weak reference: how many are still
+window opened. `reads()` says which storages the code in its window reads, so that what is held can be
+weighed against what is used. `Followed` follows chosen storages by weak reference: how many are still
 allocated, whoever holds them. (torch.profiler's record of allocations was tried first: while
 it runs, gloo's finished collectives keep their tensors for a while, so it counts them.)
 """
@@ -39,6 +40,8 @@ from typing import Any
 import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from dpmp_lab.context import device
 from dpmp_lab.render import PALETTE, Picture, Table, human_bytes, svg_start
@@ -164,14 +167,16 @@ class Held:
     def __init__(self, on: torch.device) -> None:
         self.device = str(on)
         self.marks: dict[str, int] = {}
+        self.storages: dict[str, dict[int, int]] = {}   # per mark: {data pointer: bytes}
         self.end = 0
         self._on, self._before = on, _storages(on)
 
     def mark(self, moment: str) -> None:
-        """The bytes held now, kept under the name `moment`."""
+        """The bytes held now, kept under the name `moment` (and which storages they are)."""
         if not isinstance(moment, str) or moment in self.marks:
             raise ValueError(f"a mark is a new name, not {moment!r}")
-        self.marks[moment] = self.now()
+        self.storages[moment] = self._held_now()
+        self.marks[moment] = sum(self.storages[moment].values())
 
     def at(self, moment: str) -> int:
         if moment not in self.marks:
@@ -179,15 +184,19 @@ class Held:
         return self.marks[moment]
 
     def now(self) -> int:
-        """Bytes of the storages held now that the window did not start with: those found by
-        two walks in a row (what only the first finds was on its way out)."""
+        """Bytes of the storages held now that the window did not start with."""
+        return sum(self._held_now().values())
+
+    def _held_now(self) -> dict[int, int]:
+        """{data pointer: bytes} of those storages: found by two walks in a row (what only the
+        first finds was on its way out)."""
         time.sleep(_SETTLE_S)     # a finished gloo collective lets go of its tensors from its
         first = _storages(self._on)   # worker thread, a moment after wait() has returned
         time.sleep(_SETTLE_S)
         second = _storages(self._on)
-        return sum(size for ptr, (size, ref) in second.items()
-                   if ptr in first and not first[ptr][1].expired()
-                   and (ptr not in self._before or self._before[ptr][1].expired()))
+        return {ptr: size for ptr, (size, ref) in second.items()
+                if ptr in first and not first[ptr][1].expired()
+                and (ptr not in self._before or self._before[ptr][1].expired())}
 
 
 @contextlib.contextmanager
@@ -199,6 +208,29 @@ def held(on: torch.device | str | None = None) -> Iterator[Held]:
     result = Held(torch.device(on))
     yield result
     result.end = result.now()
+
+
+class Reads(TorchDispatchMode):
+    """The storages the tensor operations read while the window is open ({data pointer:
+    bytes} in `storages`): which of what a rank holds some later step actually uses."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.storages: dict[int, int] = {}
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        for t in tree_leaves((args, kwargs or {})):
+            if isinstance(t, torch.Tensor) and t.layout == torch.strided:
+                st = t.untyped_storage()
+                self.storages[st.data_ptr()] = st.nbytes()
+        return func(*args, **(kwargs or {}))
+
+
+def reads() -> Reads:
+    """`with dl.footprint.reads() as r:`: which storages the code inside reads, by any tensor
+    operation, wherever the tensors come from (a container, a global, a closure)."""
+    return Reads()
 
 
 class Followed:

@@ -140,3 +140,26 @@ def test_held_on_the_device_audits_stand_in_counts_the_cpu():
     with dl.footprint.held("cpu:0") as mem:
         kept = torch.zeros(10)
     assert mem.end == 40 and kept.numel() == 10
+
+
+def test_reads_names_the_storages_an_operation_touched_and_held_names_what_a_mark_holds():
+    """What a later step reads of what is held, by storage: a view counts as its base, a
+    tensor nothing reads is not among them, and autograd's own operations count (a backward
+    run inside reads what the forward saved)."""
+    with dl.footprint.held("cpu") as mem:
+        used, unused = torch.zeros(10), torch.zeros(20)
+        leaf = torch.ones(3, requires_grad=True)
+        doubled = leaf * 2                 # sin saves it for backward
+        out = doubled.sin().sum()
+        mem.mark("kept")
+    kept = mem.storages["kept"]
+    assert kept[used.untyped_storage().data_ptr()] == 40
+    assert kept[unused.untyped_storage().data_ptr()] == 80
+    assert mem.marks["kept"] == sum(kept.values())
+    with dl.footprint.reads() as r:
+        (used[2:5] + 1).sum()
+        out.backward()
+    assert used.untyped_storage().data_ptr() in r.storages
+    assert unused.untyped_storage().data_ptr() not in r.storages
+    assert doubled.untyped_storage().data_ptr() in r.storages
+    assert leaf.grad is not None

@@ -236,9 +236,9 @@ def run_schedule(schedule: Schedule | str, stage: Stage | Sequence[Stage],
     (stage_backward_weight) instead keeps the gradients where the weights branch off. The
     numbers are the same either way.
 
-    `after_last_backward()` runs right after this rank's last backward (or weight gradient):
-    the place for a data-parallel gradient all-reduce in DP x PP, which must wait for the
-    gradients of every micro-batch (syncing per micro-batch would send m times the data).
+    `after_last_backward()` runs right after this rank's last backward (or weight gradient),
+    before the runner waits for its last sends: work that needs the step's whole gradients can
+    start there, while the last messages are still in flight.
     """
     stages = [stage] if isinstance(stage, Stage) else list(stage) \
         if isinstance(stage, (list, tuple)) else stage

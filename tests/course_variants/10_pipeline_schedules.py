@@ -278,8 +278,8 @@ DUALPIPE_WITH_B_AS_INPUT_PART = _edit("dualpipe_bubbles",
                                       ('"zb1p": 7 * (1 + 2 - 2)', '"zb1p": 7 * (1 + 1 - 2)'))
 
 # every recall answer wrong: the share of the step for R1; a rank's chunks taken for neighbours
-# in the model (R2); the sync before the Ws, which need nothing from other ranks (R3); ZB-H2's
-# 2p - 1 for ZB-H1 (R4)
+# in the model (R2); the sync before the Ws, which need nothing from other ranks (R3); every W
+# taken to wait for the drain (R4)
 RECALL_WRONG = {
     "answer_interleaved_ideal": "q_interleaved_ideal = 3 / 35\n",
     "answer_why_rounds": 'q_why_rounds = "a"\n',
