@@ -15,8 +15,8 @@ its trace reports. So:
    without running them: a write into the library's code zeroes the notebook and flags it.
 
 What it does not stop: a learner who reads this file and works around both (rebuilding the
-functions with their original identity, say) changes what their own ranks report; the README
-says so. The learner's own kernel is not guarded at all: the tests do not run there.
+functions with their original identity, say) changes what their own ranks report; the instructor
+guide (docs/instructor-guide.md) says so. The learner's own kernel is not guarded at all: the tests do not run there.
 """
 
 from __future__ import annotations

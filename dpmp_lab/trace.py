@@ -13,7 +13,7 @@ While a trace is active we register a Python kernel for those ops on the dispatc
 BackendSelect key, which every call passes through just before the CPU or CUDA kernel runs;
 ours records a CommEvent and hands the call on. Other ops are untouched, so tracing costs
 nothing per matmul; a TorchDispatchMode (what torch's CommDebugMode uses) runs Python for
-every op and makes a tiny training step 1.7-1.9x slower (README, benchmarks/trace.py).
+every op and makes a tiny training step 1.7-1.9x slower (docs/library.md, benchmarks/trace.py).
 
 What a CommEvent says:
 - op: all_reduce, all_gather, reduce_scatter, broadcast, reduce, gather, scatter, all_to_all,

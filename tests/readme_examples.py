@@ -1,8 +1,9 @@
-"""Run the README's runnable examples, in order, in an IPython shell, as a reader would.
+"""Run the runnable examples of the README and docs/ (the library reference, the learner
+guide), in order, in an IPython shell, as a reader would.
 
 A block runs when it launches ranks (dl.launch, %%distributed, %load_ext) and has no `...`
-placeholder. tests/test_audit.py runs this file with DPMP_LAB_DEVICE_AUDIT=1, so the README
-teaches code that is right on a GPU server too.
+placeholder. tests/test_audit.py runs this file with DPMP_LAB_DEVICE_AUDIT=1, so the
+documentation teaches code that is right on a GPU server too.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import re
 import sys
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", ROOT / "docs" / "library.md", ROOT / "docs" / "learner-guide.md"]
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 
 
@@ -29,16 +31,17 @@ def main() -> int:
     from IPython.core.interactiveshell import InteractiveShell
 
     shell = InteractiveShell.instance()
-    blocks = runnable_blocks(README.read_text())
-    for i, block in enumerate(blocks):
-        print(f"--- README block {i + 1} of {len(blocks)}", flush=True)
+    blocks = [(page.relative_to(ROOT), block) for page in PAGES
+              for block in runnable_blocks(page.read_text())]
+    for i, (page, block) in enumerate(blocks):
+        print(f"--- {page}: block {i + 1} of {len(blocks)}", flush=True)
         result = shell.run_cell(block)
         if not result.success:
-            print(f"README block {i + 1} failed:\n{block}", flush=True)
+            print(f"{page}: block {i + 1} failed:\n{block}", flush=True)
             return 1
-    print(f"README examples: ok under the device audit ({len(blocks)} blocks)"
+    print(f"Documentation examples: ok under the device audit ({len(blocks)} blocks)"
           if "DPMP_LAB_DEVICE_AUDIT" in __import__("os").environ
-          else f"README examples: ok ({len(blocks)} blocks)")
+          else f"Documentation examples: ok ({len(blocks)} blocks)")
     return 0
 
 

@@ -307,10 +307,11 @@ def test_hybrid_training_under_the_audit_equals_single_process(warm, dp, tp, pp)
 
 
 def test_readme_examples_pass_the_audit():
-    """The README's launch and trace examples, in a script, with DPMP_LAB_DEVICE_AUDIT=1."""
+    """The launch and trace examples of the README and docs/, in a script, with
+    DPMP_LAB_DEVICE_AUDIT=1."""
     code = ROOT / "tests" / "readme_examples.py"
     env = dict(os.environ, DPMP_LAB_DEVICE_AUDIT="1")
     out = subprocess.run([sys.executable, str(code)], env=env, capture_output=True, text=True,
                          timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "README examples: ok under the device audit" in out.stdout
+    assert "Documentation examples: ok under the device audit" in out.stdout

@@ -1,7 +1,8 @@
-"""A class on the course's JupyterHub, end to end (README: "Running a class on a GPU server").
+"""A class on the course's JupyterHub, end to end (docs/instructor-guide.md: "Running a class on
+a GPU server").
 
 As root, the test makes an instructor and two learner accounts, the instructor's course root
-(mode 700) and an nbgrader exchange, and starts the hub exactly as the README does
+(mode 700) and an nbgrader exchange, and starts the hub exactly as the guide does
 (deploy/jupyterhub_config.py, its proxy from deploy/node_modules, a shared test password).
 Then, in headless Chromium, learner A logs in, fetches 00_launch from the Assignment List,
 runs a launch cell and submits; the instructor collects, grades with `dpmp-lab grade`
@@ -17,7 +18,7 @@ them it skips and says why, and under CI (CI=true) it fails instead.
 The single-user servers run the Python of this checkout's .venv. Where that interpreter lives
 in a folder other users cannot enter (pyenv under /root), the test gives the accounts a venv
 of a system Python of the same version that reads the same packages; on a server, install the
-course where every learner can run it (README).
+course where every learner can run it (the instructor guide).
 """
 
 from __future__ import annotations
@@ -181,7 +182,7 @@ class Accounts:
 
 
 class Hub:
-    """The hub as README's step starts it, on free ports, with the test's settings."""
+    """The hub as the guide's step starts it, on free ports, with the test's settings."""
 
     def __init__(self, base: Path, accounts: Accounts, python: str) -> None:
         self.course, self.exchange = base / "course", base / "exchange"

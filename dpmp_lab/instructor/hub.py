@@ -141,8 +141,8 @@ class HubSettings:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> HubSettings:
-        """The settings from DPMP_LAB_HUB_* variables (README: "Running a class on a GPU
-        server"); COURSE and INSTRUCTORS are required."""
+        """The settings from DPMP_LAB_HUB_* variables (docs/instructor-guide.md, "Running a
+        class on a GPU server"); COURSE and INSTRUCTORS are required."""
         env = os.environ if environ is None else environ
         get = lambda key, default=None: env.get(PREFIX + key, default)  # noqa: E731
         if not get("COURSE"):

@@ -19,7 +19,7 @@ grade nor the feedback is silent about it. What it finds:
   integrity records; also any of those names spelled in a string.
 
 A scan reads code, it does not run it: a learner who builds these names at run time gets
-past it, and changes what their own ranks report (the README says so); the tests themselves
+past it, and changes what their own ranks report (docs/instructor-guide.md says so); the tests themselves
 stay out of reach.
 """
 
