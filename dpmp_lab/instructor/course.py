@@ -92,7 +92,8 @@ def release(names: list[str] | None = None, *, root: Path | None = None,
 # start it. Never solutions/ (the hidden tests), tests/ (wrong answers and their fixes), the
 # gradebook, submissions or the instructor's nbgrader_config.py.
 LEARNER_FILES = ("course", "dpmp_lab", "bootstrap.py", "pyproject.toml", "constraints.txt",
-                 "environment.yml", "README.md", "LICENSE")
+                 "environment.yml", "README.md", "docs", "INSTRUCTORS.md", "ARCHITECTURE.md",
+                 "CHANGELOG.md", "LICENSE")
 NOT_COPIED = shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints", "*.egg-info")
 
 
