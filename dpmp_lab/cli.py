@@ -225,7 +225,12 @@ def main(argv: list[str] | None = None) -> int:
         epilog="dpmp-lab lab passes any other option to `jupyter lab` (e.g. --no-browser).",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("doctor", help="check torch, GPUs, backends, and launches")
+    p = sub.add_parser(
+        "doctor", help="check torch, GPUs, backends, and launches",
+        description="Check this machine for the course: torch's version and build, the GPUs "
+                    "nvidia-smi lists against those torch can use (and the driver the wheel "
+                    "needs), which backend each world size gets, and a test launch. Exits 1, "
+                    "saying the fix, when something is wrong.")
     p.add_argument("-n", "--world-size", type=int, default=2,
                    help="ranks of the test launch (default: 2)")
     p.add_argument("--backend", default="auto",

@@ -820,7 +820,7 @@ def test_feedback_holds_no_hidden_test(graded, name):
     from dpmp_lab.instructor.nbgrader_plugin import hidden_lines
 
     scores_of(graded, name, "solution")
-    hidden = hidden_lines(source_notebook(name))
+    hidden = hidden_lines(source_notebook(name)) | {"BEGIN HIDDEN TESTS"}   # the marker too
     pages = sorted((graded["roots"][name] / "feedback").glob(f"*/{name}/{name}.html"))
     assert {p.parent.parent.name for p in pages} >= {"solution", "release"}
     for page in pages:
@@ -883,7 +883,17 @@ def test_release_takes_a_course_root_and_refuses_an_unknown_assignment(tmp_path,
     assert (root / "gradebook.db").exists()
     assert (ROOT / "course" / "00_launch" / "00_launch.ipynb").stat().st_mtime_ns == before
     assert cli.main(["release", "99_nothing", "--root", str(root)]) == 2
-    assert "no such assignment in solutions/: 99_nothing" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"no such assignment in {root / 'solutions'}: 99_nothing" in err
+    assert "two digits" not in err                     # well named, just not there
+    (root / "solutions" / "11-MyTopic").mkdir()
+    assert cli.main(["release", "11-MyTopic", "--root", str(root)]) == 2
+    assert "named like 00_launch: two digits, an underscore" in capsys.readouterr().err
+    copy = tmp_path / "for_learners"                   # that root's release, this package
+    assert cli.main(["learner-copy", str(copy), "--root", str(root)]) == 0
+    assert (copy / "course" / "00_launch" / "00_launch.ipynb").exists()
+    assert not (copy / "course" / "01_collectives").exists()
+    assert (copy / "bootstrap.py").exists() and (copy / "dpmp_lab" / "__init__.py").exists()
 
 
 @pytest.mark.parametrize("name", ASSIGNMENTS)

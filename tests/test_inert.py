@@ -410,3 +410,18 @@ def test_with_csp_puts_the_policy_first_in_the_head():
     assert "script-src" not in FEEDBACK_CSP and "default-src 'none'" in FEEDBACK_CSP
     with pytest.raises(ValueError, match="no <head>"):
         with_csp("<p>a page without a head</p>")
+
+
+def test_the_hidden_test_markers_are_masked_in_a_traceback_too():
+    """A traceback through a hidden test shows the lines around the failing one: the marker,
+    which says where hidden tests begin, is masked as they are."""
+    test = new_code_cell(f"x = 1\n### BEGIN HIDDEN TESTS\n{HIDDEN}\n### END HIDDEN TESTS")
+    test.metadata["nbgrader"] = {"grade": True, "solution": False, "locked": True,
+                                 "grade_id": "t", "points": 1}
+    test.outputs = [new_output("error", ename="AssertionError", evalue="",
+                               traceback=["----> 2 ### BEGIN HIDDEN TESTS", f"      3 {HIDDEN}",
+                                          "      4 ### END HIDDEN TESTS", "AssertionError"])]
+    nb, _ = nbgrader_plugin.HideHiddenTests().preprocess(new_notebook(cells=[test]), {})
+    shown = json.dumps(nb.cells[0].outputs)
+    assert "HIDDEN TESTS" not in shown and "secret_hidden_check" not in shown
+    assert "AssertionError" in shown

@@ -37,6 +37,16 @@ def gradebook_url(root: Path | None = None) -> str:
     return f"sqlite:///{(root or repo_root()) / 'gradebook.db'}"
 
 
+def no_such_assignment(names: list[str], root: Path) -> str:
+    """Why `names` are not assignments of the course in `root`: missing, or misnamed (a folder
+    of solutions/ counts only when named as ASSIGNMENT says, which is easy to miss)."""
+    why = f"no such assignment in {root / 'solutions'}: {', '.join(names)}"
+    if any(not ASSIGNMENT.fullmatch(n) for n in names):
+        why += (" (an assignment is a folder of solutions/ named like 00_launch: two digits, an "
+                "underscore, then lower-case letters, digits and underscores)")
+    return why
+
+
 def assignments(root: Path | None = None) -> list[str]:
     """The assignment names in solutions/, in course order: ['00_launch', '01_...', ...]."""
     root = root or repo_root()
@@ -81,7 +91,7 @@ def release(names: list[str] | None = None, *, root: Path | None = None,
     names = names or assignments(root)
     unknown = sorted(set(names) - set(assignments(root)))
     if unknown:
-        raise ValueError(f"no such assignment in solutions/: {', '.join(unknown)}")
+        raise ValueError(no_such_assignment(unknown, root))
     extra = ("--no-db", f"--CourseDirectory.release_directory={into}") if into else ()
     nbgrader_steps([Step(("generate_assignment", name, "--force", *extra)) for name in names],
                    root=root, capture=True)
@@ -98,15 +108,23 @@ NOT_COPIED = shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints"
 
 
 def learner_copy(dest: Path, *, root: Path | None = None) -> list[str]:
-    """Lay out a course a learner can be given: what LEARNER_FILES names, from `root`, into
-    the new folder `dest` (`python3 bootstrap.py course` works there). The names copied."""
+    """Lay out a course a learner can be given, into the new folder `dest` (`python3
+    bootstrap.py course` works there): `course/` from the course root `root` (its release),
+    the rest of LEARNER_FILES from this package's checkout. The names copied."""
+    checkout = PACKAGE_HOME
     root = root or repo_root()
     dest = Path(dest)
     if dest.exists() and any(dest.iterdir()):
         raise ValueError(f"{dest} is not empty: the learners' copy goes into a new folder")
+    missing = [n for n in ("dpmp_lab", "bootstrap.py", "pyproject.toml")
+               if not (checkout / n).exists()]
+    if missing or not (root / "course").is_dir():
+        raise ValueError(f"a learners' copy needs course/ in {root} and {', '.join(missing)} "
+                         f"in {checkout}" if missing else f"no course/ in {root}: run "
+                         "`dpmp-lab release` there first")
     dest.mkdir(parents=True, exist_ok=True)
     for name in LEARNER_FILES:
-        source = root / name
+        source = (root if name == "course" else checkout) / name
         if source.is_dir():
             shutil.copytree(source, dest / name, ignore=NOT_COPIED)
         elif source.is_file():

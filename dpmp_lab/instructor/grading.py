@@ -45,7 +45,13 @@ from sqlalchemy.exc import SAWarning
 
 from dpmp_lab._helpers import whole_number
 from dpmp_lab.instructor import sandbox, submitted
-from dpmp_lab.instructor.course import assignments, gradebook_url, nbgrader, repo_root
+from dpmp_lab.instructor.course import (
+    assignments,
+    gradebook_url,
+    nbgrader,
+    no_such_assignment,
+    repo_root,
+)
 from dpmp_lab.instructor.grading_job import (
     MAX_FILES,
     Graded,
@@ -320,7 +326,7 @@ def grade_class(name: str, *, root: Path | None = None, jobs: int | None = None,
             "able to read and change the gradebook, solutions/ and other learners' work: "
             "`--no-sandbox` does that, for submissions you trust")
     if name not in assignments(root):
-        raise ValueError(f"no such assignment in solutions/: {name}")
+        raise ValueError(no_such_assignment([name], root))
     if jobs is not None:
         whole_number("jobs", jobs)
     if timeout <= 0:

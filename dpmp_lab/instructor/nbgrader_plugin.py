@@ -240,6 +240,8 @@ class HideHiddenTests(ClearHiddenTests):
     def preprocess(self, nb: Any, resources: Any) -> tuple[Any, Any]:
         hidden = hidden_lines(nb, self.begin_test_delimeter, self.end_test_delimeter,
                               self.min_length)
+        # the markers too: a traceback through a hidden test shows the lines around it
+        hidden |= {self.begin_test_delimeter, self.end_test_delimeter}
         hidden |= {as_cleaned(h) for h in hidden}   # as in HTML that autograde made inert
         nb, resources = super().preprocess(nb, resources)
         places = server_paths([(os.getcwd(), "<course>")])
