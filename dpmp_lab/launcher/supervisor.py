@@ -38,7 +38,9 @@ STOP_GRACE_S = 0.2  # after a first failure: time for the other ranks to report 
 CAUSE_GRACE_S = 1.0  # the same when every failure so far is a lost peer: time for the cause
 DRAIN_S = 2.0  # after stopping: time to collect the last output of killed ranks
 EXIT_WAIT_S = 5.0  # after every rank returned: time for the ranks to tear down and exit
-DUMP_WAIT_S = 2.0  # on a hang: time for faulthandler to write the stuck ranks' stacks
+# on a hang: the most time for faulthandler to write the stuck ranks' stacks (the wait ends
+# as soon as every stack is whole; on a loaded 2-core machine one took over 2 s)
+DUMP_WAIT_S = 6.0
 
 
 class Supervisor:
