@@ -190,7 +190,16 @@ def grades(args: argparse.Namespace) -> int:
     from dpmp_lab.instructor import grades_export
 
     root = args.root or course.repo_root()
+    if args.platform and not args.names:
+        raise ValueError(f"a {args.platform} import matches learners by their ids and names: "
+                         "add --names (the output then holds them)")
     rows = grades_export.course_grades(root, args.assignments or None)
+    if args.platform:
+        text, blank = grades_export.lms_csv(rows, args.platform)
+        sys.stdout.write(text)
+        for line in blank:
+            print(f"left blank: {line}", file=sys.stderr)
+        return 0
     key = None if args.names else grades_export.read_key(root / grades_export.KEY_FILE)
     if args.csv:
         sys.stdout.write(grades_export.grades_csv(rows, key))
@@ -282,6 +291,10 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("report", help="what a class got wrong in ASSIGNMENT")
     p.add_argument("assignment")
     p.add_argument("--csv", action="store_true", help="CSV on stdout, for a spreadsheet")
+    p.add_argument("--for", dest="platform", choices=["canvas", "moodle"], default=None,
+                   help="CSV on stdout as that learning platform imports grades: one row per "
+                        "learner, one column per assignment (needs --names; a submission "
+                        "waiting for manual grading is left blank)")
     p.add_argument("--names", action="store_true",
                    help="show which learners made each mistake (default: anonymised)")
     p.add_argument("--no-html", action="store_true", help="do not write reports/NAME.html")
@@ -291,6 +304,10 @@ def main(argv: list[str] | None = None) -> int:
                        "export` writes to grades.csv)")
     p.add_argument("assignments", nargs="*", help="assignments (default: every graded one)")
     p.add_argument("--csv", action="store_true", help="CSV on stdout, for a spreadsheet")
+    p.add_argument("--for", dest="platform", choices=["canvas", "moodle"], default=None,
+                   help="CSV on stdout as that learning platform imports grades: one row per "
+                        "learner, one column per assignment (needs --names; a submission "
+                        "waiting for manual grading is left blank)")
     p.add_argument("--names", action="store_true",
                    help="learners' ids and names (default: pseudonyms, no names)")
     _root_option(p)

@@ -154,3 +154,45 @@ def test_an_unknown_name_is_a_clear_error(exported, tmp_path, capsys):
     bad.write_text("short\n")
     with pytest.raises(ValueError, match="holds no pseudonym key"):
         grades_export.read_key(bad)
+
+
+def test_a_roster_goes_in_with_nbgraders_import_and_grades_come_out_as_an_lms_imports_them(
+        tmp_path, capsys):
+    """The roster (account, names, email, the university's id) goes into the gradebook with
+    nbgrader's own `db student import`; `dpmp-lab grades --for canvas|moodle --names` writes one
+    row per learner and one column per assignment, the late penalty applied, a submission
+    waiting for manual grading blank (and said so)."""
+    root = make_course(tmp_path / "course")
+    roster = tmp_path / "roster.csv"
+    roster.write_text("id,first_name,last_name,email,lms_user_id\n"
+                      "ada_x9,Ada,Lovelace,ada@uni.example,S1001\n"
+                      "eve_x9,Eve,Late,eve@uni.example,S1005\n")   # enrolled, nothing handed in
+    env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep
+               + os.environ.get("PATH", ""))
+    done = subprocess.run([sys.executable, "-m", "nbgrader", "db", "student", "import",
+                           str(roster)], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert cli.main(["grades", "--root", str(root), "--for", "canvas"]) == 2
+    assert "add --names" in capsys.readouterr().err
+    assert cli.main(["grades", "--root", str(root), "--for", "canvas", "--names"]) == 0
+    out = capsys.readouterr()
+    canvas = read_csv(out.out)
+    assert list(canvas[0]) == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section",
+                               "00_launch", "01_collectives"]
+    by_login = {r["SIS Login ID"]: r for r in canvas}
+    assert set(by_login) == {*CLASS, "eve_x9"}
+    ada, cy, ben, eve = (by_login[s] for s in ("ada_x9", "cy_x9", "ben_x9", "eve_x9"))
+    assert (ada["Student"], ada["SIS User ID"], ada["00_launch"], ada["01_collectives"]) == (
+        "Lovelace, Ada", "S1001", "15", "0")
+    assert cy["00_launch"] == "0"                                   # late, penalty "zero"
+    assert ben["00_launch"] == "" and "ben_x9 00_launch: waits for manual grading" in out.err
+    assert (eve["00_launch"], eve["SIS User ID"]) == ("0", "S1005")
+    assert cli.main(["grades", "00_launch", "--root", str(root), "--for", "moodle",
+                     "--names"]) == 0
+    moodle = read_csv(capsys.readouterr().out)
+    assert list(moodle[0]) == ["username", "idnumber", "email", "firstname", "lastname",
+                               "00_launch"]
+    row = next(r for r in moodle if r["username"] == "ada_x9")
+    assert (row["idnumber"], row["email"], row["00_launch"]) == ("S1001", "ada@uni.example",
+                                                                 "15")

@@ -53,6 +53,7 @@ class GradeRow:
     last_name: str = ""
     first_name: str = ""
     email: str = ""
+    lms_user_id: str = ""     # the university's id, where the roster gave one
 
     @property
     def score(self) -> float:
@@ -78,7 +79,7 @@ def grade_rows(gb: Gradebook, assignments: list[str] | None = None,
         for student_id in [s for s in learners if not students or s in students]:
             student = gb.find_student(student_id)
             who = {"last_name": student.last_name or "", "first_name": student.first_name or "",
-                   "email": student.email or ""}
+                   "email": student.email or "", "lms_user_id": student.lms_user_id or ""}
             try:
                 sub = gb.find_submission(name, student_id)
             except MissingEntry:
@@ -152,6 +153,49 @@ def grades_table(rows: list[GradeRow], key: bytes | None) -> Table:
                    "needed" if r.needs_manual_grade else ""] for r in rows])
 
 
+# One row per learner, one column per assignment, as a learning platform imports a gradebook:
+# Canvas matches a row by "SIS Login ID" (or "SIS User ID") and a column by the assignment's
+# name, and takes every other column after "Section" for an assignment (so nothing else is
+# written); Moodle's CSV grade import maps any column to the user (username, idnumber or
+# email) and each other column to a grade item, chosen on its import page.
+LMS_IDS = {
+    "canvas": (["Student", "ID", "SIS User ID", "SIS Login ID", "Section"],
+               lambda r: [f"{r.last_name}, {r.first_name}".strip(", "), "", r.lms_user_id,
+                          r.student_id, ""]),
+    "moodle": (["username", "idnumber", "email", "firstname", "lastname"],
+               lambda r: [r.student_id, r.lms_user_id, r.email, r.first_name, r.last_name]),
+}
+
+
+def lms_csv(rows: list[GradeRow], platform: str) -> tuple[str, list[str]]:
+    """The rows as one row per learner and one column per assignment (the score after the
+    late penalty) in the form `platform` ("canvas" or "moodle") imports, and what was left
+    blank: a submission waiting for manual grading has no score to send yet (its zero is not
+    a grade), and an empty cell leaves the platform's own value alone."""
+    if platform not in LMS_IDS:
+        raise ValueError(f"no such platform {platform!r}: {', '.join(LMS_IDS)}")
+    header, ids = LMS_IDS[platform]
+    names = list(dict.fromkeys(r.assignment for r in rows))
+    learners: dict[str, dict[str, GradeRow]] = {}
+    for r in rows:
+        learners.setdefault(r.student_id, {})[r.assignment] = r
+    buf, blank = io.StringIO(), []
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(header + names)
+    for student_id in sorted(learners):
+        by_name = learners[student_id]
+        cells = []
+        for name in names:
+            r = by_name.get(name)
+            if r is not None and r.needs_manual_grade:
+                blank.append(f"{student_id} {name}: waits for manual grading")
+                cells.append("")
+            else:
+                cells.append(_number(r.score) if r is not None else "")
+        w.writerow(ids(next(iter(by_name.values()))) + cells)
+    return buf.getvalue(), blank
+
+
 class GradesExport(ExportPlugin):
     """`nbgrader export`'s CSV with the late penalty applied, manual grading pending, and
     pseudonyms for learners' ids unless `names` is set."""
@@ -179,4 +223,4 @@ class GradesExport(ExportPlugin):
 
 
 __all__ = ["COLUMNS", "GradeRow", "GradesExport", "KEY_FILE", "course_grades", "grade_rows",
-           "grades_csv", "grades_table", "pseudonym", "read_key"]
+           "grades_csv", "grades_table", "lms_csv", "pseudonym", "read_key"]
