@@ -1,4 +1,5 @@
-"""JupyterHub for one dpmp_lab course on one server (README: "Running a class on a GPU server").
+"""JupyterHub for one dpmp_lab course on one server (docs/instructor-guide.md: "Running a class
+on a GPU server").
 
     DPMP_LAB_HUB_COURSE=/home/teacher/dpmp_course DPMP_LAB_HUB_INSTRUCTORS=teacher \
     DPMP_LAB_HUB_LEARNERS="ada bob" python3 bootstrap.py hub
@@ -12,6 +13,6 @@ from pathlib import Path
 from dpmp_lab.instructor.hub import HubSettings, configure
 
 c = get_config()  # noqa: F821 (provided by jupyterhub when it reads this file)
+here = Path(__file__).resolve().parent
 configure(c, HubSettings.from_env(),
-          proxy=Path(__file__).resolve().parent / "node_modules" / ".bin" /
-          "configurable-http-proxy")
+          proxy=here / "node_modules" / ".bin" / "configurable-http-proxy", checkout=here.parent)

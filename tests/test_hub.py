@@ -141,6 +141,8 @@ def test_the_config_file_sets_up_the_hub_and_says_when_the_proxy_is_missing(
                        "STATE": s.state, "EXCHANGE": s.exchange, "GPUS": "0",
                        "PASSWORD": s.password}.items():
         monkeypatch.setenv(f"DPMP_LAB_HUB_{key}", str(value))
+    # this checkout's own modes are checked by test_hub_class, which locks it for its class
+    monkeypatch.setattr(hub, "check_checkout", lambda checkout: None)
     c = Config()
     config_file = ROOT / "deploy" / "jupyterhub_config.py"
     proxy = ROOT / "deploy" / "node_modules" / ".bin" / "configurable-http-proxy"
@@ -154,9 +156,11 @@ def test_the_config_file_sets_up_the_hub_and_says_when_the_proxy_is_missing(
         assert c.JupyterHub.db_url == f"sqlite:///{s.state / 'hub' / 'jupyterhub.sqlite'}"
         assert Path(c.JupyterHub.cookie_secret_file).parent == s.private
     with pytest.raises(HubConfigError, match="npm ci --prefix"):
-        hub.configure(Config(), s, proxy=tmp_path / "node_modules" / ".bin" / "chp")
+        hub.configure(Config(), s, proxy=tmp_path / "node_modules" / ".bin" / "chp",
+                      checkout=tmp_path)
     c = Config()
-    hub.configure(c, settings(tmp_path, instructors=(me,)), proxy=Path(sys.executable))
+    hub.configure(c, settings(tmp_path, instructors=(me,)), proxy=Path(sys.executable),
+                  checkout=tmp_path)
     assert c.JupyterHub.authenticator_class == "pam"     # system accounts without a password
 
 
@@ -199,3 +203,27 @@ def test_the_names_the_hub_writes_into_jupyters_config_resolve():
         assert isinstance(getattr(importlib.import_module(module), name), type), dotted
     for module in hub.LEARNER_SERVER_OFF:
         assert importlib.util.find_spec(module) is not None, module
+
+
+def test_the_hub_refuses_a_checkout_whose_hidden_tests_others_can_read(tmp_path):
+    """solutions/ (the hidden tests), tests/ (wrong answers and fixes), .git and grading's
+    state: the hub starts only when no other account may read or enter them."""
+    checkout = tmp_path / "checkout"
+    for folder in ("solutions/00_launch", "tests/course_variants", ".git", "dpmp_lab", ".venv"):
+        (checkout / folder).mkdir(parents=True)
+        (checkout / folder).chmod(0o755)
+    (checkout / "gradebook.db").write_text("")
+    (checkout / "gradebook.db").chmod(0o644)
+    with pytest.raises(HubConfigError) as info:
+        hub.check_checkout(checkout)
+    for name in ("solutions", "tests", ".git", "gradebook.db"):
+        assert name in str(info.value)
+    assert f"chmod go-rwx {checkout / 'solutions'}" in str(info.value)
+    for name in ("solutions", "tests", ".git"):
+        (checkout / name).chmod(0o750)        # a group may still enter
+    (checkout / "gradebook.db").chmod(0o600)
+    assert hub.open_to_others(checkout) == [checkout / n for n in ("solutions", "tests", ".git")]
+    for name in ("solutions", "tests", ".git"):
+        (checkout / name).chmod(0o700)
+    hub.check_checkout(checkout)              # the package and .venv stay readable
+    assert hub.open_to_others(checkout) == []

@@ -47,6 +47,7 @@ import nbformat
 import pytest
 
 from dpmp_lab.instructor import nbgrader_plugin, sandbox
+from dpmp_lab.instructor.course import assignments
 
 from .browser_pages import (
     CHROMIUM_ARGS,
@@ -185,7 +186,7 @@ class Hub:
     """The hub as the guide's step starts it, on free ports, with the test's settings."""
 
     def __init__(self, base: Path, accounts: Accounts, python: str) -> None:
-        self.course, self.exchange = base / "course", base / "exchange"
+        self.base, self.course, self.exchange = base, base / "course", base / "exchange"
         self.state = base / "state"
         self.url = f"http://127.0.0.1:{free_port()}"
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
@@ -291,6 +292,23 @@ def entered_by_everyone(path: Path) -> Iterator[None]:
             folder.chmod(mode)
 
 
+@contextlib.contextmanager
+def checkout_private(path: Path) -> Iterator[None]:
+    """The checkout's private parts (hub.CHECKOUT_PRIVATE) closed to every other account while
+    the class runs, as a server's must be (the hub refuses to start otherwise), and their
+    modes given back after it."""
+    from dpmp_lab.instructor import hub
+
+    changed = [(part, stat.S_IMODE(part.stat().st_mode)) for part in hub.open_to_others(path)]
+    for part, mode in changed:
+        part.chmod(mode & 0o700)
+    try:
+        yield
+    finally:
+        for part, mode in changed:
+            part.chmod(mode)
+
+
 @pytest.fixture(scope="module")
 def hub_class() -> Iterator[tuple[Hub, Accounts]]:
     preconditions()
@@ -298,7 +316,7 @@ def hub_class() -> Iterator[tuple[Hub, Accounts]]:
     base.chmod(0o755)   # the accounts cross it to their Python, the exchange and the state
     accounts, hub, release, failures = Accounts(), None, None, []
     PHASES[:] = [Phases()]
-    with entered_by_everyone(ROOT):
+    with entered_by_everyone(ROOT), checkout_private(ROOT):
         try:
             release = start_course(base / "course")
             accounts.make()
@@ -531,6 +549,25 @@ def others_cannot_read(hub: Hub, accounts: Accounts, ada_home: Path) -> None:
         reading = ["ls", str(target)] if target.is_dir() else ["cat", str(target)]
         done = sh(*reading, user=bob, check=False)
         assert done.returncode != 0 and "Permission denied" in done.stderr, (target, done)
+    # nor anything of the checkout the hub runs from that holds a hidden test or a wrong
+    # answer: read by name, and searched for, every hidden line of every assignment
+    for target in (ROOT / "solutions" / NAME / f"{NAME}.ipynb",
+                   ROOT / "tests" / "course_variants" / f"{NAME}.py", ROOT / ".git" / "HEAD"):
+        done = sh("cat", str(target), user=bob, check=False)
+        assert done.returncode != 0 and "Permission denied" in done.stderr, (target, done)
+    secrets_file = hub.base / "hidden_lines.txt"
+    public = "\n".join(c.source for name in assignments(ROOT)   # what any release shows
+                       for c in nbformat.read(ROOT / "course" / name / f"{name}.ipynb",
+                                              as_version=4).cells)
+    lines = sorted({h for name in assignments(ROOT) for h in
+                    nbgrader_plugin.hidden_lines(source_notebook(name))
+                    if len(h) >= 24 and h not in public})
+    secrets_file.write_text("\n".join(lines) + "\n")
+    secrets_file.chmod(0o644)
+    found = sh("grep", "-rlsF", "-f", str(secrets_file), "--exclude", secrets_file.name,
+               "--exclude-dir", ".venv", "--exclude-dir", "node_modules", str(ROOT),
+               str(hub.base), user=bob, check=False, timeout=300)
+    assert found.returncode in (1, 2) and not found.stdout, found.stdout   # no file read holds one
     course = hub.exchange / "dpmp_lab"   # nor put a course of his own in its place
     done = sh("mv", str(course), f"{course}-gone", user=bob, check=False)
     assert done.returncode != 0 and "Operation not permitted" in done.stderr, done

@@ -44,8 +44,35 @@ PRIVATE_SUBMIT = "dpmp_lab.instructor.exchange.PrivateSubmit"
 OWNER_CHECKED_COLLECT = "dpmp_lab.instructor.exchange.OwnerCheckedCollect"
 
 
+# What of the checkout the hub runs from no learner may read: the hidden tests (solutions/),
+# the wrong answers and their fixes (tests/), the history of both (.git), and grading's
+# config, state and output. Learners' servers need the package and .venv, nothing of these.
+CHECKOUT_PRIVATE = ("solutions", "tests", ".git", "nbgrader_config.py", "gradebook.db",
+                    "submitted", "autograded", "feedback", "reports", ".dpmp_grading")
+
+
 class HubConfigError(ValueError):
     """A DPMP_LAB_HUB_* setting the hub cannot start with; the message says which and why."""
+
+
+def open_to_others(checkout: Path) -> list[Path]:
+    """The private parts of `checkout` (CHECKOUT_PRIVATE) that an account other than their
+    owner may read or enter: a group or others bit on the part itself (a folder no one else
+    may enter keeps everything in it, whatever its modes)."""
+    return [part for part in (Path(checkout) / name for name in CHECKOUT_PRIVATE)
+            if part.exists() and part.stat().st_mode & 0o077]
+
+
+def check_checkout(checkout: Path) -> None:
+    """Refuse to serve learners from a checkout whose hidden tests they could read."""
+    open_parts = open_to_others(checkout)
+    if open_parts:
+        names = " ".join(str(p) for p in open_parts)
+        raise HubConfigError(
+            f"every learner's account could read {', '.join(p.name for p in open_parts)} in "
+            f"{checkout}, the checkout the hub runs from (the hidden tests, the wrong answers "
+            f"and their fixes, grading's state): `chmod go-rwx {names}` first (the hub and "
+            "the learners' servers need only the package and .venv)")
 
 
 def _listed(text: str, what: str, form: re.Pattern, kind: str) -> tuple[str, ...]:
@@ -273,8 +300,11 @@ def pre_spawn(settings: HubSettings, spawner: Any) -> None:
     spawner.notebook_dir = str(settings.course if role == "instructor" else home)
 
 
-def configure(c: Any, settings: HubSettings, proxy: Path) -> None:
-    """Fill JupyterHub's config `c` for the course; `proxy`: configurable-http-proxy."""
+def configure(c: Any, settings: HubSettings, proxy: Path, checkout: Path) -> None:
+    """Fill JupyterHub's config `c` for the course; `proxy`: configurable-http-proxy;
+    `checkout`: the project's checkout the hub runs from, whose private parts learners must
+    not be able to read (check_checkout)."""
+    check_checkout(checkout)
     if not os.access(proxy, os.X_OK):
         raise HubConfigError(f"no proxy at {proxy}: install it with `npm ci --prefix "
                              f"{proxy.parents[2]}` (python3 bootstrap.py hub does)")
