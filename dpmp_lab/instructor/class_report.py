@@ -50,6 +50,7 @@ class Mistake:
     count: int
     example: str
     learners: list[str] = field(default_factory=list)
+    also: list[str] = field(default_factory=list)   # the other keys its messages carried
 
 
 @dataclass
@@ -165,6 +166,7 @@ def class_report(name: str, root: Path) -> ClassReport:
     cells: dict[tuple[str, str], CellCounts] = {}
     totals: dict[str, tuple[float, float]] = {}
     found: dict[tuple[str, str], dict[str, list[tuple[str, str]]]] = {}
+    aliases: dict[tuple[str, str, str], set[str]] = {}
     with open_gradebook(_gradebook_of(root)) as gb:
         try:
             assignment = gb.find_assignment(name)
@@ -198,16 +200,20 @@ def class_report(name: str, root: Path) -> ClassReport:
                         counts.zero += 1
                     ename, evalue = errors.get(g.name, ("", ""))
                     example = f"{ename}: {evalue}" if ename else ""
-                    for key in failure_keys(ename, evalue) if ename else ["no error shown"]:
-                        found.setdefault((nb.name, g.name), {}).setdefault(key, []).append(
-                            (student, example))
+                    # one failure, one count: under the last key its message carries (the
+                    # grader's own diagnosis comes after an exercise's words for it)
+                    *others, key = failure_keys(ename, evalue) if ename else ["no error shown"]
+                    found.setdefault((nb.name, g.name), {}).setdefault(key, []).append(
+                        (student, example))
+                    aliases.setdefault((nb.name, g.name, key), set()).update(others)
     for where, by_key in found.items():
         mistakes = []
         for key, hits in by_key.items():
             hits.sort()
             learner, example = hits[0]
             mistakes.append(Mistake(key, len(hits), _anonymised(example, learner),
-                                    [s for s, _ in hits]))
+                                    [s for s, _ in hits],
+                                    sorted(aliases.get((*where, key), ()))))
         cells[where].mistakes = sorted(mistakes, key=lambda m: (-m.count, m.key))
     order = {c: i for i, c in enumerate(_cell_order(root, name))}
     ordered = sorted(cells.values(), key=lambda c: (c.notebook, order.get(c.cell, 1 << 30)))
@@ -241,7 +247,8 @@ def text_report(report: ClassReport, names: bool = False) -> str:
             continue
         out.append(f"\n{c.cell}: why points were lost")
         for m in c.mistakes:
-            out.append(f"  {m.count:>4} x {m.key}")
+            out.append(f"  {m.count:>4} x {m.key}"
+                       + (f" (also keyed {', '.join(m.also)})" if m.also else ""))
             out.append(f"         e.g. {_gist(m.example)}")
             if names:
                 out.append(f"         learners: {', '.join(m.learners)}")
@@ -335,7 +342,8 @@ def html_report(report: ClassReport, names: bool = False) -> str:
                      "<tr><th>learners</th><th>likely mistake</th><th>an example</th></tr>")
         for m in c.mistakes:
             who = f"<br><small>{esc(', '.join(m.learners))}</small>" if names else ""
-            parts.append(f"<tr><td>{m.count}</td><td><code>{esc(m.key)}</code>{who}</td>"
+            also = f"<br><small>also {esc(', '.join(m.also))}</small>" if m.also else ""
+            parts.append(f"<tr><td>{m.count}</td><td><code>{esc(m.key)}</code>{also}{who}</td>"
                          f"<td><pre>{esc(m.example)}</pre></td></tr>")
         parts.append("</table>")
     if report.not_graded:
