@@ -211,7 +211,8 @@ def _comparable(path: Path) -> dict:
 @pytest.mark.parametrize("name", ASSIGNMENTS)
 def test_course_folder_is_current(graded, name):
     """course/NN is what `dpmp-lab release` makes of solutions/NN: the round trip's own release
-    (made in its scratch course by course.release) against the committed one."""
+    (made in its scratch course by the generate_assignment step `dpmp-lab release` runs)
+    against the committed one."""
     scores_of(graded, name, "solution")   # fails clearly if that round trip failed
     fresh, committed = graded["roots"][name] / "course" / name, ROOT / "course" / name
     files = sorted(p.relative_to(fresh) for p in fresh.rglob("*") if p.is_file())
@@ -441,15 +442,16 @@ def _submit(root: Path, student: str, name: str, nb: nbformat.NotebookNode) -> N
 
 def _round_trip(root: Path, name: str) -> dict:
     """Release, submit (solution and device mistakes, blank release, the variants of
-    by_nbgrader), autograde (AUDITED under the device audit), feedback: in a scratch course of
-    its own, so that one assignment's trouble stays its own."""
+    by_nbgrader), autograde (AUDITED under the device audit), feedback, in one nbgrader
+    process: in a scratch course of its own, so that one assignment's trouble stays its own."""
     from nbgrader.api import Gradebook
 
     root.mkdir()
     shutil.copy(ROOT / "nbgrader_config.py", root)
     shutil.copytree(ROOT / "solutions" / name, root / "solutions" / name)
-    course.release([name], root=root)
-    released = nbformat.read(root / "course" / name / f"{name}.ipynb", as_version=4)
+    # the blank hand-in is the committed release, which test_course_folder_is_current holds
+    # equal to what this round trip's generate_assignment writes (all in one nbgrader process)
+    released = nbformat.read(ROOT / "course" / name / f"{name}.ipynb", as_version=4)
     _submit(root, "solution", name, source_notebook(name))
     for cell, nb in device_mistakes(name).items():
         _submit(root, f"solution_device_{cell}", name, nb)
@@ -458,6 +460,7 @@ def _round_trip(root: Path, name: str) -> dict:
         _submit(root, f"variant{i:02d}", name,
                 with_replacements(source_notebook(name), variants(name)[i]["replace"]))
     course.nbgrader_steps([   # one process, as `dpmp-lab grade` runs a job
+        Step(("generate_assignment", name, "--force")),   # dpmp-lab release's step
         Step(("autograde", name, "--create", "--student", AUDITED), {"DPMP_LAB_DEVICE_AUDIT": "1"}),
         Step(("autograde", name, "--create")),   # the others
         Step(("generate_feedback", name, "--force"))], root=root, capture=True)
