@@ -126,13 +126,34 @@ def lab(args: argparse.Namespace) -> int:
 def release(args: argparse.Namespace) -> int:
     """Regenerate the learners' notebooks in course/ from the instructor's in solutions/."""
     root = args.root or course.repo_root()
+    due = None
+    if args.due is not None:
+        from nbgrader.utils import parse_utc
+
+        if not args.names:
+            print("dpmp-lab release: --due needs the assignments it is for, by name",
+                  file=sys.stderr)
+            return 2
+        try:
+            due = parse_utc(args.due)
+        except (ValueError, OverflowError) as exc:
+            print(f"dpmp-lab release: --due {args.due!r} is not a date and time nbgrader reads "
+                  f"({exc}); e.g. \"2026-12-15 17:00 Europe/Berlin\"", file=sys.stderr)
+            return 2
     try:
         names = course.release(args.names or None, root=root)
     except ValueError as exc:
         print(f"dpmp-lab release: {exc}", file=sys.stderr)
         return 2
+    if due is not None:
+        from dpmp_lab.instructor.grading_job import open_gradebook
+
+        with open_gradebook(course.gradebook_url(root)) as gb:
+            for name in names:
+                gb.update_or_create_assignment(name, duedate=due)
     for name in names:
-        print(f"{root / 'course' / name} regenerated from {root / 'solutions' / name}")
+        print(f"{root / 'course' / name} regenerated from {root / 'solutions' / name}"
+              + (f", due {due:%Y-%m-%d %H:%M} UTC" if due is not None else ""))
     return 0
 
 
@@ -253,6 +274,10 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=lab)
     p = sub.add_parser("release", help="regenerate course/ from solutions/ (nbgrader)")
     p.add_argument("names", nargs="*", help="assignments (default: all)")
+    p.add_argument("--due", default=None, metavar="WHEN",
+                   help="the named assignments' due date in the gradebook, as nbgrader reads "
+                        "it (\"2026-12-15 17:00 Europe/Berlin\"; UTC without a zone): a later "
+                        "hand-in gets the course's late penalty")
     _root_option(p)
     p.set_defaults(func=release)
     p = sub.add_parser("learner-copy", help="a copy of the course for learners (no "

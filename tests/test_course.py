@@ -885,6 +885,18 @@ def test_release_takes_a_course_root_and_refuses_an_unknown_assignment(tmp_path,
     assert (root / "course" / "00_launch" / "00_launch.ipynb").exists()
     assert (root / "gradebook.db").exists()
     assert (ROOT / "course" / "00_launch" / "00_launch.ipynb").stat().st_mtime_ns == before
+    assert cli.main(["release", "00_launch", "--root", str(root),
+                     "--due", "2026-12-15 17:00 Europe/Berlin"]) == 0
+    assert "due 2026-12-15 16:00 UTC" in capsys.readouterr().out
+    assert cli.main(["release", "00_launch", "--root", str(root)]) == 0   # kept on re-release
+    capsys.readouterr()
+    from nbgrader.api import Gradebook
+    with Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gb:
+        assert str(gb.find_assignment("00_launch").duedate) == "2026-12-15 16:00:00"
+    assert cli.main(["release", "00_launch", "--root", str(root), "--due", "soon"]) == 2
+    assert "is not a date and time nbgrader reads" in capsys.readouterr().err
+    assert cli.main(["release", "--root", str(root), "--due", "2026-12-15"]) == 2
+    assert "--due needs the assignments" in capsys.readouterr().err
     assert cli.main(["release", "99_nothing", "--root", str(root)]) == 2
     err = capsys.readouterr().err
     assert f"no such assignment in {root / 'solutions'}: 99_nothing" in err
