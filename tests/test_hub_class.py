@@ -15,10 +15,12 @@ processes), and it removes the accounts and their homes, on failure too. It need
 useradd, Chromium, bubblewrap and the proxy (`python3 bootstrap.py test` installs it): without
 them it skips and says why, and under CI (CI=true) it fails instead.
 
-The single-user servers run the Python of this checkout's .venv. Where that interpreter lives
-in a folder other users cannot enter (pyenv under /root), the test gives the accounts a venv
-of a system Python of the same version that reads the same packages; on a server, install the
-course where every learner can run it (the instructor guide).
+The single-user servers and the instructor's grading run the Python of this checkout's .venv.
+Where that interpreter lives in a folder other users cannot enter (pyenv under /root), under CI
+the test lets them enter (o+x, not list) the folders above it for its run; elsewhere it gives
+the accounts a venv of a system Python of the same minor version that reads the same packages
+(a package that needs a later patch release can then fail there: soupsieve needs 3.11.5). On
+a server, install the course where every account can run it (the instructor guide).
 """
 
 from __future__ import annotations
@@ -316,7 +318,11 @@ def hub_class() -> Iterator[tuple[Hub, Accounts]]:
     base.chmod(0o755)   # the accounts cross it to their Python, the exchange and the state
     accounts, hub, release, failures = Accounts(), None, None, []
     PHASES[:] = [Phases()]
-    with entered_by_everyone(ROOT), checkout_private(ROOT):
+    # the accounts run .venv's own interpreter where CI lets them enter it (pyenv's, under
+    # /root): a system Python of another patch release reading .venv's packages is not what a
+    # server runs (soupsieve, which nbconvert's HTML export uses, needs CPython >= 3.11.5)
+    with entered_by_everyone(ROOT), entered_by_everyone(Path(sys.base_prefix)), \
+            checkout_private(ROOT):
         try:
             release = start_course(base / "course")
             accounts.make()
@@ -515,9 +521,14 @@ def instructor_grades(page, hub: Hub, accounts: Accounts, ada: str) -> None:
     assert "FORGED BY BOB" not in handed and "I am rank 3 of 4" in handed
     assert sorted(p.name for p in (hub.course / "submitted").iterdir()) == [ada]
     phase("collected, a forgery left out")
-    env = dict(os.environ, PATH=f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}")
-    grading = subprocess.Popen([str(VENV_BIN / "dpmp-lab"), "grade", NAME, "--root",
-                                str(hub.course), "--timeout", "240"],
+    # graded by the instructor's own account, in its course root, as the guide says (its
+    # sandbox then runs in a user namespace of its own)
+    env = dict(hub.env, HOME=pwd.getpwnam(accounts.instructor).pw_dir)
+    python = hub.env["DPMP_LAB_HUB_PYTHON"]
+    env["PATH"] = f"{Path(python).parent}{os.pathsep}{env['PATH']}"
+    grading = subprocess.Popen(["runuser", "-u", accounts.instructor, "--", python, "-m",
+                                "dpmp_lab.cli", "grade", NAME, "--root", str(hub.course),
+                                "--timeout", "240"], cwd=hub.course,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                env=env)
     try:
@@ -532,8 +543,9 @@ def instructor_grades(page, hub: Hub, accounts: Accounts, ada: str) -> None:
     finally:
         stopped(grading)
     assert grading.returncode == 0 and ada in out and "NOT GRADED" not in out, out
-    phase("graded (dpmp-lab grade, sandboxed)")
-    sh("chown", "-R", f"{accounts.instructor}:{accounts.instructor}", str(hub.course))
+    phase("graded (dpmp-lab grade as the instructor, sandboxed)")
+    owners = {p.owner() for p in hub.course.rglob("*")}
+    assert owners == {accounts.instructor}, owners   # nothing left that root owns
     as_instructor(hub, accounts, "release_feedback", NAME)
     phase("feedback released")
 
