@@ -5,10 +5,11 @@ As root, the test makes an instructor and two learner accounts, the instructor's
 (mode 700) and an nbgrader exchange, and starts the hub exactly as the guide does
 (deploy/jupyterhub_config.py, its proxy from deploy/node_modules, a shared test password).
 Then, in headless Chromium, learner A logs in, fetches 00_launch from the Assignment List,
-runs a launch cell and submits; the instructor collects, grades with `dpmp-lab grade`
-(sandboxed) and releases feedback; A fetches the feedback, which holds no hidden test.
-Learner B can read neither A's submission nor A's home nor the instructor's course, and a
-submission B hands in under A's name is left out by the instructor's collect.
+runs a launch cell and submits; the instructor's account collects, grades with `dpmp-lab
+grade` (sandboxed) and releases feedback; A fetches the feedback, which holds no hidden test.
+Learner B can read neither A's submission nor A's home nor the instructor's course, nor any
+hidden test or wrong answer in the checkout the hub runs from, and a submission B hands in
+under A's name is left out by the instructor's collect.
 
 Everything it starts it stops (the hub, its proxy, every single-user server, the users'
 processes), and it removes the accounts and their homes, on failure too. It needs root,
