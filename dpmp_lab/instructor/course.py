@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 from dpmp_lab._helpers import PACKAGE_HOME, tail
@@ -35,6 +36,14 @@ def repo_root() -> Path:
 def gradebook_url(root: Path | None = None) -> str:
     """nbgrader's gradebook of the course in `root` (nbgrader's default place for it)."""
     return f"sqlite:///{(root or repo_root()) / 'gradebook.db'}"
+
+
+def open_to_others(root: Path, names: Iterable[str]) -> list[Path]:
+    """The parts of `root` named in `names` that an account other than their owner may read
+    or enter: a group or others bit on the part itself (a folder no one else may enter keeps
+    everything in it, whatever its modes)."""
+    return [part for part in (Path(root) / name for name in names)
+            if part.exists() and part.stat().st_mode & 0o077]
 
 
 def no_such_assignment(names: list[str], root: Path) -> str:

@@ -50,6 +50,7 @@ from dpmp_lab.instructor.course import (
     gradebook_url,
     nbgrader,
     no_such_assignment,
+    open_to_others,
     repo_root,
 )
 from dpmp_lab.instructor.grading_job import (
@@ -418,12 +419,8 @@ def grade_class(name: str, *, root: Path | None = None, jobs: int | None = None,
 
 def exposed_to_others(root: Path) -> list[str]:
     """The instructor's private parts of a course root that other users may read."""
-    found = []
-    for name in ("solutions", "gradebook.db"):
-        path = root / name
-        if path.exists() and path.stat().st_mode & 0o077:
-            found.append(name + ("/" if path.is_dir() else ""))
-    return found
+    return [p.name + ("/" if p.is_dir() else "")
+            for p in open_to_others(root, ("solutions", "gradebook.db"))]
 
 
 def _snapshot(root: Path, base: Path) -> Path:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dpmp_lab.instructor import course
 from dpmp_lab.instructor.course import COURSE_ID
 
 PREFIX = "DPMP_LAB_HUB_"
@@ -56,11 +57,8 @@ class HubConfigError(ValueError):
 
 
 def open_to_others(checkout: Path) -> list[Path]:
-    """The private parts of `checkout` (CHECKOUT_PRIVATE) that an account other than their
-    owner may read or enter: a group or others bit on the part itself (a folder no one else
-    may enter keeps everything in it, whatever its modes)."""
-    return [part for part in (Path(checkout) / name for name in CHECKOUT_PRIVATE)
-            if part.exists() and part.stat().st_mode & 0o077]
+    """The private parts of `checkout` (CHECKOUT_PRIVATE) another account may read or enter."""
+    return course.open_to_others(checkout, CHECKOUT_PRIVATE)
 
 
 def check_checkout(checkout: Path) -> None:
