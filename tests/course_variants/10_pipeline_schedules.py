@@ -95,6 +95,16 @@ HOLDS_BOTH_GRADIENTS_OF_TANH = _edit(
      _KEEPING_AFTER_TANH + "        held[i] = (g, acts[i], after_tanh)   # both, in case"),
     ("    for layer, (g, inp) in zip(layers, held):", "    for layer, (g, inp, _) in zip(layers, held):"))
 
+# ... and W reads the extra one too (a check of what it was handed): no tensor goes unread,
+# but B still holds more than W computes from
+HOLDS_AND_READS_BOTH_GRADIENTS_OF_TANH = _edit(
+    "bw_stage",
+    (_THROUGH_TANH + "        held[i] = (g, acts[i])",
+     _KEEPING_AFTER_TANH + "        held[i] = (g, acts[i], after_tanh)   # both, in case"),
+    ("    for layer, (g, inp) in zip(layers, held):",
+     "    for layer, (g, inp, kept) in zip(layers, held):\n"
+     "        assert torch.isfinite(kept).all()    # W checks what it was handed"))
+
 HELD_IN_A_GLOBAL_TOO = _edit(
     "bw_stage",
     ("    return g, held\n",
@@ -368,6 +378,8 @@ VARIANTS = [
     {"name": "B computes the weight gradients and holds them; W only adds them",
      "replace": {"bw_stage": B_DOES_W_WORK}, "loses": ["bw_stage_tests"],
      "visible": ["bw_stage_tests"], "visible_says": ["pp.w_work_in_b"]},
+    {"name": "B holds both gradients of tanh and W reads both (hidden: more than W needs)",
+     "replace": HOLDS_AND_READS_BOTH_GRADIENTS_OF_TANH, "loses": ["bw_stage_tests"]},
     {"name": "B keeps a copy of the activations in a global list",
      "replace": HELD_IN_A_GLOBAL_TOO, "loses": ["bw_stage_tests"],
      "visible": ["bw_stage_tests"], "visible_says": ["pp.w_holds_more"]},
