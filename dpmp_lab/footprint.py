@@ -21,9 +21,9 @@ torch.cuda.max_memory_allocated tells the whole story; fp.cuda_peak holds it the
 `held()` counts every tensor instead, wherever it is kept: each storage once, behind every
 tensor Python can reach (a module's global, an attribute, a closure, a container, a pool, a
 send's handle) and every tensor autograd saved for backward, less what the rank held when the
-window opened. `reads()` says which storages the code in its window reads, so that what is held can be
-weighed against what is used. `Followed` follows chosen storages by weak reference: how many are still
-allocated, whoever holds them. (torch.profiler's record of allocations was tried first: while
+window opened. `reads()` says which storages the code in its window reads, so that what is
+held can be weighed against what is used. `Followed` follows chosen storages by weak
+reference: how many are still allocated, whoever holds them. (torch.profiler's record of allocations was tried first: while
 it runs, gloo's finished collectives keep their tensors for a while, so it counts them.)
 """
 
