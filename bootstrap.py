@@ -230,9 +230,10 @@ def main(argv: list[str]) -> int:
         return run(cmd)
     if purpose == "hub":
         ensure_proxy(required=True)
-        say("starting JupyterHub (deploy/jupyterhub_config.py; Ctrl-C to stop)")
-        jupyterhub = str(python.parent / "jupyterhub")
-        cmd = [jupyterhub, "-f", str(DEPLOY / "jupyterhub_config.py"), *rest]
+        say("starting JupyterHub (deploy/jupyterhub_config.py), started again if it dies; "
+            "Ctrl-C stops the hub, not the learners' servers")
+        cmd = [str(python), "-m", "dpmp_lab.instructor.hub_supervisor",
+               "-f", str(DEPLOY / "jupyterhub_config.py"), *rest]
         os.chdir(ROOT)
         os.execv(cmd[0], cmd)
     ensure_ci_packages()

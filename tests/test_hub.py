@@ -4,6 +4,7 @@ real accounts and a browser, is tests/test_hub_class.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import json
@@ -18,9 +19,10 @@ from types import SimpleNamespace
 import pytest
 from traitlets.config import Config
 
-from dpmp_lab.instructor import hub
+from dpmp_lab.instructor import hub, hub_settings
 from dpmp_lab.instructor.hub import HubConfigError, HubSettings
 
+from .browser_pages import wait_for
 from .conftest import ROOT
 
 
@@ -44,7 +46,7 @@ def test_round_robin_gives_each_user_a_block_and_shares_gpus_when_users_outnumbe
 
 
 def test_a_fixed_map_wins_over_the_round_robin(tmp_path):
-    s = settings(tmp_path, gpus=("0", "1"), gpu_map=hub.parse_gpu_map("bob=1; ada = 0,1"))
+    s = settings(tmp_path, gpus=("0", "1"), gpu_map=hub_settings.parse_gpu_map("bob=1; ada = 0,1"))
     assert (s.gpus_for("ada"), s.gpus_for("bob"), s.gpus_for("cy")) == ("0,1", "1", "1")
 
 
@@ -61,6 +63,13 @@ def test_a_fixed_map_wins_over_the_round_robin(tmp_path):
     ({"GPU_MAP": "ada:0"}, "'ada:0' is not USER=GPU"),
     ({"PASSWORD": "short"}, "PASSWORD: at least 8 characters"),
     ({"PYTHON": "/no/such/python"}, "PYTHON=/no/such/python is not a program"),
+    ({"MEMORY": "lots"}, "MEMORY='lots': a size such as 4G"),
+    ({"MEMORY": "100M"}, "at least 256M"),
+    ({"CPUS": "0"}, "CPUS=0.0: a number of CPUs above 0"),
+    ({"CPUS": "four"}, "CPUS='four' is not a number"),
+    ({"CULL_IDLE": "-1"}, "CULL_IDLE=-1"),
+    ({"SSL_CERT": "/etc/hostname"}, "SSL_CERT and DPMP_LAB_HUB_SSL_KEY go together"),
+    ({"ROSTER": "/no/such/roster.csv"}, "ROSTER=/no/such/roster.csv: no such file"),
 ])
 def test_bad_settings_are_refused_with_what_is_wrong(tmp_path, env, message):
     course = settings(tmp_path).course
@@ -88,8 +97,8 @@ def test_learners_get_the_assignment_list_and_instructors_formgrader(tmp_path):
     assert set(lab["disabledExtensions"]) == {"@jupyter/nbgrader:formgrader",
                                               "@jupyter/nbgrader:course-list",
                                               "@jupyter/nbgrader:create-assignment"}
-    assert json.loads((instructor / "jupyter_server_config.json").read_text()) == {
-        "ServerApp": {"jpserver_extensions": {}}}
+    assert json.loads((instructor / "jupyter_server_config.json").read_text())["ServerApp"] == {
+        "jpserver_extensions": {}}
     learner_nbgrader = (learner / "nbgrader_config.py").read_text()
     assert "c.Exchange.root = '/srv/x'" in learner_nbgrader
     assert "PrivateSubmit" in learner_nbgrader and "CourseDirectory.root" not in learner_nbgrader
@@ -150,6 +159,7 @@ def test_the_config_file_sets_up_the_hub_and_says_when_the_proxy_is_missing(
         runpy.run_path(str(config_file), {"get_config": lambda: c})
         assert c.JupyterHub.authenticator_class == "shared-password"
         assert c.Authenticator.allowed_users == {me, "ada", "bob"}
+        assert "admin_users" not in c.Authenticator   # one password for all makes no admin
         assert c.Spawner.cmd == [sys.executable, "-m", "jupyterhub.singleuser"]
         assert c.ConfigurableHTTPProxy.command == [str(proxy)]
         assert callable(c.Spawner.pre_spawn_hook)
@@ -183,25 +193,26 @@ def test_the_server_gpus_are_what_nvidia_smi_lists(tmp_path, monkeypatch):
                     "echo 'GPU 1: NVIDIA H200 (UUID: b)'\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", str(tmp_path))
-    assert hub.server_gpus() == ("0", "1")
+    assert hub_settings.server_gpus() == ("0", "1")
     fake.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2\nexit 9\n")
-    assert hub.server_gpus() == ()
+    assert hub_settings.server_gpus() == ()
 
     def hangs(*args, **kwargs):
         raise subprocess.TimeoutExpired(args[0], 30)
 
-    monkeypatch.setattr(hub.subprocess, "run", hangs)
+    monkeypatch.setattr(hub_settings.subprocess, "run", hangs)
     with pytest.raises(HubConfigError, match="did not answer in 30 s: name the GPUs"):
-        hub.server_gpus()
+        hub_settings.server_gpus()
 
 
 def test_the_names_the_hub_writes_into_jupyters_config_resolve():
     """The exchange classes and the server extensions hub.py names as strings exist: a rename
     fails here, not in a learner's server that quietly keeps nbgrader's own submit."""
-    for dotted in (hub.PRIVATE_SUBMIT, hub.OWNER_CHECKED_COLLECT):
+    for dotted in (hub.PRIVATE_SUBMIT, hub.OWNER_CHECKED_COLLECT, hub.LIMITED_SPAWNER,
+                   hub.SYSTEMD_SPAWNER):
         module, _, name = dotted.rpartition(".")
         assert isinstance(getattr(importlib.import_module(module), name), type), dotted
-    for module in hub.LEARNER_SERVER_OFF:
+    for module in (*hub.LEARNER_SERVER_OFF, hub.ROSTER_SERVICE, "jupyterhub_idle_culler"):
         assert importlib.util.find_spec(module) is not None, module
 
 
@@ -227,3 +238,189 @@ def test_the_hub_refuses_a_checkout_whose_hidden_tests_others_can_read(tmp_path)
         (checkout / name).chmod(0o700)
     hub.check_checkout(checkout)              # the package and .venv stay readable
     assert hub.open_to_others(checkout) == []
+
+
+def test_limits_culling_restarts_and_the_roster_are_configured(tmp_path):
+    """Where systemd does not run (this machine): LimitedSpawner with the limits; servers left
+    running when the hub stops; the culler and the roster's follower as services of the hub's,
+    each with its scopes; instructors are admins; the roster's learners may log in; each
+    server's kernels culled by Jupyter too; DPMP_LAB_CORES from the CPU share."""
+    roster = tmp_path / "roster.csv"
+    roster.write_text("id,first_name,last_name,email,lms_user_id\neve,Eve,L,e@x.edu,7\n"
+                      "ada,Ada,L,a@x.edu,8\n")
+    me = pwd.getpwuid(os.getuid()).pw_name
+    s = settings(tmp_path, roster=roster, memory="3G", cpus=2.5, cull_idle=600,
+                 gpus=("0", "1"), instructors=(me,))
+    assert s.users == (me, "ada", "bob", "cy", "eve") and s.cores == 2
+    assert s.gpus_for("eve") == "0"   # after everyone named: nobody else's GPUs move
+    c = Config()
+    hub.configure(c, s, proxy=Path(sys.executable), checkout=tmp_path)
+    assert c.JupyterHub.spawner_class == hub.LIMITED_SPAWNER and not hub.systemd_runs()
+    assert (c.Spawner.mem_limit, c.Spawner.cpu_limit) == ("3G", 2.5)
+    assert c.JupyterHub.cleanup_servers is False
+    assert c.Authenticator.admin_users == {me}
+    assert c.Authenticator.allowed_users == {me, "ada", "bob", "cy", "eve"}
+    services = {svc["name"]: svc["command"] for svc in c.JupyterHub.services}
+    assert services["idle-culler"][-2:] == ["--timeout=600", "--cull-every=200"]
+    assert services["roster"][-4:] == ["--roster", str(roster), "--keep", f"{me},ada,bob,cy"]
+    scopes = {role["name"]: set(role["scopes"]) for role in c.JupyterHub.load_roles}
+    assert scopes["idle-culler"] == {"list:users", "read:users:activity", "read:servers",
+                                     "delete:servers"}
+    server = json.loads((s.config_dir("learner") / "jupyter_server_config.json").read_text())
+    assert server["MappingKernelManager"]["cull_idle_timeout"] == 600
+    spawner = SimpleNamespace(user=SimpleNamespace(name="eve"), environment={},
+                              notebook_dir="")
+    with pytest.MonkeyPatch.context() as mp:
+        account = SimpleNamespace(pw_dir=str(tmp_path), pw_uid=-1)
+        mp.setattr(hub.pwd, "getpwnam", lambda name: account)
+        hub.pre_spawn(s, spawner)
+    assert spawner.environment["DPMP_LAB_CORES"] == "2"
+    c = Config()
+    hub.configure(c, settings(tmp_path, cull_idle=0, instructors=(me,)),
+                  proxy=Path(sys.executable), checkout=tmp_path)
+    assert c.JupyterHub.services == [] and "MappingKernelManager" not in json.loads(
+        (s.config_dir("learner") / "jupyter_server_config.json").read_text())
+
+
+def test_another_authenticator_and_the_servers_own_config_plug_in(tmp_path):
+    extra = tmp_path / "hub_config.py"
+    extra.write_text("c.GenericOAuthenticator.client_id = 'dpmp-lab'\n"
+                     "c.Spawner.cpu_limit = 8.0\n")
+    extra.chmod(0o644)
+    me = pwd.getpwuid(os.getuid()).pw_name
+    c = Config()
+    hub.configure(c, settings(tmp_path, authenticator="generic-oauth", extra_config=extra,
+                              instructors=(me,)),
+                  proxy=Path(sys.executable), checkout=tmp_path)
+    assert c.JupyterHub.authenticator_class == "generic-oauth"
+    assert c.GenericOAuthenticator.client_id == "dpmp-lab"
+    assert c.Spawner.cpu_limit == 8.0   # read last: the server's own word wins
+    assert c.Authenticator.allowed_users == {me, "ada", "bob", "cy"}
+    extra.chmod(0o666)
+    with pytest.raises(HubConfigError, match="writable by root alone"):
+        settings(tmp_path, extra_config=extra)
+
+
+def test_a_roster_without_accounts_or_with_a_bad_name_is_refused(tmp_path):
+    roster = tmp_path / "roster.csv"
+    roster.write_text("first_name,email\nAda,a@x.edu\n")
+    with pytest.raises(HubConfigError, match="no `id` column"):
+        settings(tmp_path, roster=roster)
+    roster.write_text("id\nada\nrobert'); drop\n")
+    with pytest.raises(HubConfigError, match="not a user name: robert"):
+        settings(tmp_path, roster=roster)
+
+
+def test_the_roster_follower_adds_and_removes_only_what_the_file_says(tmp_path):
+    from dpmp_lab.instructor import hub_roster
+
+    class FakeHub:
+        def __init__(self) -> None:
+            self.names, self.calls = {"teach", "ada", "old"}, []
+
+        def users(self) -> set[str]:
+            return set(self.names)
+
+        def add(self, name: str) -> None:
+            self.calls.append(("add", name))
+            self.names.add(name)
+
+        def remove(self, name: str) -> None:
+            self.calls.append(("remove", name))
+            self.names.discard(name)
+
+    api, roster, said = FakeHub(), tmp_path / "roster.csv", []
+    roster.write_text("id,email\nnew,n@x.edu\n")
+    assert hub_roster.sync(api, roster, {"teach", "ada"}, said.append, settle=0) == (
+        {"new"}, {"old"})
+    assert api.calls == [("add", "new"), ("remove", "old")] and len(said) == 2
+    roster.write_text("")   # an editor's half-written file: nobody is removed
+    assert hub_roster.sync(api, roster, {"teach", "ada"}, said.append, settle=0) == (set(), set())
+    assert "roster not followed this time" in said[-1] and api.names == {"teach", "ada", "new"}
+    roster.write_text("id\n")   # an empty roster, changed a moment ago: not yet
+    assert hub_roster.sync(api, roster, {"teach", "ada"}, said.append) == (set(), set())
+    assert api.names == {"teach", "ada", "new"}
+
+
+def test_a_service_of_the_hub_ends_with_the_hub_whatever_it_ignored(tmp_path):
+    """A service started through hub.SERVICE by a parent that ignores SIGINT (as a hub started
+    in the background does) still stops on it, and ends when its parent is killed."""
+    import signal
+
+    import psutil
+
+    parent = subprocess.Popen(
+        [sys.executable, "-c", "import signal, subprocess, sys, time\n"
+         "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+         f"p = subprocess.Popen([*{list(hub.SERVICE)!r}, 'http.server', '0', '--bind', "
+         "'127.0.0.1'])\nprint(p.pid, flush=True)\ntime.sleep(60)\n"],
+        stdout=subprocess.PIPE, text=True)
+    child = psutil.Process(int(parent.stdout.readline()))
+
+    def wait() -> None:   # ended: gone, or dead and not yet reaped by its parent
+        def ended() -> bool:
+            try:
+                return child.status() == psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                return True
+        wait_for(ended, 10, "the service still runs")
+
+    started = lambda: child.cmdline()[1:3] == ["-m", "http.server"]   # noqa: E731 (exec'd)
+    wait_for(started, 10, "no service")
+    child.send_signal(signal.SIGINT)
+    wait()
+    parent.kill()
+    parent.wait()
+    parent = subprocess.Popen(   # the hub killed: its service follows
+        [sys.executable, "-c", "import subprocess, sys, time\n"
+         f"p = subprocess.Popen([*{list(hub.SERVICE)!r}, 'http.server', '0', '--bind', "
+         "'127.0.0.1'])\nprint(p.pid, flush=True)\ntime.sleep(60)\n"],
+        stdout=subprocess.PIPE, text=True)
+    child = psutil.Process(int(parent.stdout.readline()))
+    wait_for(started, 10, "no service")
+    parent.kill()
+    parent.wait()
+    wait()
+
+
+def test_the_supervisor_starts_a_killed_hub_again_and_not_one_that_failed_to_start(tmp_path):
+    from dpmp_lab.instructor import hub_supervisor
+
+    starts = tmp_path / "starts"
+    fake = ("import os, pathlib, signal, sys\n"
+            f"p = pathlib.Path({str(starts)!r})\n"
+            "n = len(p.read_text()) if p.exists() else 0\n"
+            "p.write_text('x' * (n + 1))\n"
+            "if n == 0:\n    os.kill(os.getpid(), signal.SIGKILL)\n"
+            "sys.exit(3)\n")
+    assert hub_supervisor.main(["-c", fake], command=[sys.executable]) == 3
+    assert starts.read_text() == "xx"   # killed: started again; exit 3 at once: not
+
+
+def test_the_systemd_unit_and_the_example_settings_are_the_checkouts(tmp_path):
+    """deploy/dpmp-lab-hub.service runs this checkout's config from /srv/dpmp_lab (the guide's
+    place) and stops the hub alone; deploy/hub.env.example holds every setting, valid."""
+    unit = (ROOT / "deploy" / "dpmp-lab-hub.service").read_text()
+    lines = dict(line.split("=", 1) for line in unit.splitlines()
+                 if "=" in line and not line.startswith("#"))
+    assert lines["KillMode"] == "process" and lines["Restart"] == "on-failure"
+    program, _, config = lines["ExecStart"].split()
+    for path in (program, config):
+        assert path.startswith("/srv/dpmp_lab/"), path
+    assert (ROOT / config.removeprefix("/srv/dpmp_lab/")).is_file()
+    assert program.removeprefix("/srv/dpmp_lab/") == ".venv/bin/jupyterhub"
+    example, active = {}, {}
+    for line in (ROOT / "deploy" / "hub.env.example").read_text().splitlines():
+        key, _, value = line.lstrip("#").partition("=")
+        if key.startswith(hub.PREFIX):
+            example[key] = value
+            if not line.startswith("#"):
+                active[key] = value
+    named = {f"{hub.PREFIX}{f.name.upper()}" for f in dataclasses.fields(HubSettings)}
+    renamed = {"DPMP_LAB_HUB_LEARNERS", "DPMP_LAB_HUB_INSTRUCTORS"}
+    assert named - {"DPMP_LAB_HUB_EXTRA_CONFIG", "DPMP_LAB_HUB_PASSWORD"} <= set(example) | renamed
+    course = settings(tmp_path).course
+    env = {k: v for k, v in active.items() if not k.endswith(("ROSTER", "PYTHON"))}
+    env[f"{hub.PREFIX}COURSE"] = str(course)
+    made = HubSettings.from_env(env)
+    assert made.memory == "8G" and made.cpus == 4 and made.cull_idle == 3600

@@ -11,6 +11,14 @@ Learner B can read neither A's submission nor A's home nor the instructor's cour
 hidden test or wrong answer in the checkout the hub runs from, and a submission B hands in
 under A's name is left out by the instructor's collect.
 
+Then the hub as a service, through its API with an admin token that the server's own config
+file (DPMP_LAB_HUB_CONFIG) gives the test: B's server held to its CPU and memory limits (its
+kernel lost to a 3 GiB cell, not the server); the hub killed and started again by its
+supervisor, then stopped and started, with B's server and kernel the same throughout; a
+learner added to the roster logging in within seconds, then removed; an idle server culled;
+logins through another authenticator (jupyterhub's dummy standing in for single sign-on), the
+course's users only.
+
 Everything it starts it stops (the hub, its proxy, every single-user server, the users'
 processes), and it removes the accounts and their homes, on failure too. It needs root,
 useradd, Chromium, bubblewrap and the proxy (`python3 bootstrap.py test` installs it): without
@@ -41,6 +49,8 @@ import sys
 import sysconfig
 import tempfile
 import time
+import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -79,6 +89,8 @@ NAME = "00_launch"
 PROXY = ROOT / "deploy" / "node_modules" / ".bin" / "configurable-http-proxy"
 VENV_BIN = Path(sys.executable).parent
 PASSWORD = secrets.token_hex(8)
+# each server's limits: enough for 00_launch's 4 ranks, within reach of a runaway cell
+MEMORY, CPUS = "2G", 1.0
 
 
 def sh(*cmd: str, user: str | None = None, check: bool = True, timeout: float = 120,
@@ -144,10 +156,11 @@ class Accounts:
         tag = secrets.token_hex(3)
         self.instructor = f"dpmpt{tag}"
         self.learners = (f"dpmpa{tag}", f"dpmpb{tag}")
+        self.late = f"dpmpc{tag}"   # on no list: added to the roster while the hub runs
         self.made: list[str] = []
 
     def make(self) -> None:
-        for name in (self.instructor, *self.learners):
+        for name in (self.instructor, *self.learners, self.late):
             sh("useradd", "--create-home", "--shell", "/bin/bash", name)
             self.made.append(name)
 
@@ -186,15 +199,19 @@ class Accounts:
 
 
 class Hub:
-    """The hub as the guide's step starts it, on free ports, with the test's settings."""
+    """The hub as the guide's step starts it (under hub_supervisor, as `bootstrap.py hub`
+    does), on free ports, with the test's settings: each learner's server held to MEMORY and
+    CPUS, a roster it follows, and a config file of the server's own (DPMP_LAB_HUB_CONFIG)
+    that gives the test an admin's token."""
 
     def __init__(self, base: Path, accounts: Accounts, python: str) -> None:
         self.base, self.course, self.exchange = base, base / "course", base / "exchange"
-        self.state = base / "state"
+        self.state, self.roster = base / "state", base / "roster.csv"
         self.url = f"http://127.0.0.1:{free_port()}"
+        self.token = secrets.token_hex(16)
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         self.log_path = ARTIFACTS / "jupyterhub.log"
-        self.log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
+        self.write_roster([])
         self.env = dict(os.environ, PATH=f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}",
                         DPMP_LAB_HUB_COURSE=str(self.course),
                         DPMP_LAB_HUB_EXCHANGE=str(self.exchange),
@@ -202,20 +219,56 @@ class Hub:
                         DPMP_LAB_HUB_INSTRUCTORS=accounts.instructor,
                         DPMP_LAB_HUB_LEARNERS=" ".join(accounts.learners),
                         DPMP_LAB_HUB_GPUS="0,1", DPMP_LAB_HUB_PYTHON=python,
-                        DPMP_LAB_HUB_PASSWORD=PASSWORD)
-        port = self.url.rsplit(":", 1)[1]
-        self.proc = subprocess.Popen(
-            [str(VENV_BIN / "jupyterhub"), "-f", str(ROOT / "deploy" / "jupyterhub_config.py"),
-             "--ip=127.0.0.1", f"--port={port}", f"--JupyterHub.hub_port={free_port()}",
-             f"--ConfigurableHTTPProxy.api_url=http://127.0.0.1:{free_port()}"],
-            cwd=base, env=self.env, stdout=self.log, stderr=subprocess.STDOUT,
-            start_new_session=True)
+                        DPMP_LAB_HUB_PASSWORD=PASSWORD, DPMP_LAB_HUB_MEMORY=MEMORY,
+                        DPMP_LAB_HUB_CPUS=str(CPUS), DPMP_LAB_HUB_ROSTER=str(self.roster),
+                        DPMP_LAB_HUB_CONFIG=str(self.config()))
+        self.ports = [f"--port={self.url.rsplit(':', 1)[1]}",
+                      f"--JupyterHub.hub_port={free_port()}",
+                      f"--ConfigurableHTTPProxy.api_url=http://127.0.0.1:{free_port()}"]
         self.started: dict[int, tuple[int, str]] = {}
         self.course_release: subprocess.Popen | None = None
+        self.log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
+        self.proc = self.start()
+
+    def config(self, **lines: str) -> Path:
+        """The server's own config file (root's, read last): the test's admin token, and
+        `lines` (name: a line of config)."""
+        path = self.base / "hub_config.py"
+        path.write_text(
+            "c.JupyterHub.services = [*c.JupyterHub.services, {'name': 'test-admin', "
+            f"'api_token': {self.token!r}}}]\n"
+            "c.JupyterHub.load_roles = [*c.JupyterHub.load_roles, {'name': 'test-admin', "
+            "'services': ['test-admin'], 'scopes': ['admin:users', 'admin:servers', "
+            "'access:servers', 'list:users', 'read:users', 'read:servers']}]\n"
+            + "".join(f"{line}\n" for line in lines.values()))
+        path.chmod(0o644)
+        return path
+
+    def write_roster(self, accounts: list[str]) -> None:
+        rows = "".join(f"{a},{a.title()},Learner,{a}@example.edu,U{i}\n"
+                       for i, a in enumerate(accounts))
+        self.roster.write_text(f"id,first_name,last_name,email,lms_user_id\n{rows}")
+
+    def start(self, **env: str) -> subprocess.Popen:
+        self.env.update(env)
+        return subprocess.Popen(
+            [sys.executable, "-m", "dpmp_lab.instructor.hub_supervisor",
+             "-f", str(ROOT / "deploy" / "jupyterhub_config.py"), "--ip=127.0.0.1", *self.ports],
+            cwd=self.base, env=self.env, stdout=self.log, stderr=subprocess.STDOUT,
+            start_new_session=True)
+
+    def restart(self, **env: str) -> None:
+        """Stop the supervisor and its hub as the guide's Ctrl-C does (learners' servers keep
+        running) and start them again with `env` changed."""
+        self.started.update(descendants(self.proc.pid))
+        self.proc.send_signal(signal.SIGINT)
+        self.proc.wait(timeout=60)
+        self.proc = self.start(**env)
+        wait_for(self.ready, 60, f"the hub did not answer again; see {self.log_path}")
 
     def ready(self) -> bool:
         if self.proc.poll() is not None:
-            raise AssertionError(f"jupyterhub exited with {self.proc.returncode}:\n"
+            raise AssertionError(f"the hub's supervisor exited with {self.proc.returncode}:\n"
                                  + self.log_path.read_text()[-3000:])
         self.started.update(descendants(self.proc.pid))   # the proxy, the users' servers
         try:
@@ -224,11 +277,32 @@ class Hub:
         except OSError:
             return False
 
+    def call(self, method: str, path: str, data: bytes | None = None) -> tuple[int, object]:
+        """(status, JSON) of a request to the hub or a server with the test's admin token."""
+        request = urllib.request.Request(f"{self.url}{path}", method=method, data=data,
+                                         headers={"Authorization": f"token {self.token}"})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as reply:
+                body = reply.read()
+                return reply.status, json.loads(body) if body else None
+        except urllib.error.HTTPError as refused:
+            return refused.code, None
+
+    def servers(self) -> dict[str, dict]:
+        """{user: their default server's model} for every user with one running or starting."""
+        status, users = self.call("GET", "/hub/api/users")
+        assert status == 200, status
+        return {u["name"]: u["servers"][""] for u in users if "" in u.get("servers", {})}
+
     def stop(self) -> list[str]:
-        """Stop the hub as Ctrl-C would (it stops the servers and its proxy); return what
-        outlived it by 5 s, killed. A kernel's forkserver exits when it sees its kernel gone,
-        a moment after: once, on a loaded machine, it was still there the instant the hub
-        had stopped."""
+        """Stop every learner's server (a hub that stops leaves them running), then the hub
+        as Ctrl-C would; return what outlived it by 5 s, killed. A kernel's forkserver exits
+        when it sees its kernel gone, a moment after: once, on a loaded machine, it was still
+        there the instant the hub had stopped."""
+        with contextlib.suppress(OSError, AssertionError):
+            for user in self.servers():
+                self.call("DELETE", f"/hub/api/users/{user}/server")
+            wait_for(lambda: not self.servers(), 60, "servers still running")
         self.started.update(descendants(self.proc.pid))
         return stop_group(self.proc, self.log, signal.SIGINT, self.started, grace=5.0)
 
@@ -584,3 +658,211 @@ def others_cannot_read(hub: Hub, accounts: Accounts, ada_home: Path) -> None:
     course = hub.exchange / "dpmp_lab"   # nor put a course of his own in its place
     done = sh("mv", str(course), f"{course}-gone", user=bob, check=False)
     assert done.returncode != 0 and "Operation not permitted" in done.stderr, done
+
+
+# -- the hub as a service: limits, a restart, the roster, the culler, another authenticator --
+
+
+def log_in_by_form(hub: Hub, user: str, password: str) -> int:
+    """The status of the hub's answer to its login form: 302 (in) or 403 (refused)."""
+    import http.cookiejar
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args, **kwargs):
+            return None
+
+    jar = http.cookiejar.CookieJar()
+    opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar), NoRedirect)
+    with opener.open(f"{hub.url}/hub/login", timeout=30) as page:
+        xsrf = re.search(r'name="_xsrf" value="([^"]+)"', page.read().decode())[1]
+    form = urllib.parse.urlencode({"username": user, "password": password,
+                                   "_xsrf": xsrf}).encode()
+    try:
+        with opener.open(f"{hub.url}/hub/login", data=form, timeout=60) as reply:
+            return reply.status
+    except urllib.error.HTTPError as answer:
+        return answer.code
+
+
+def start_server(hub: Hub, user: str) -> int:
+    """Start `user`'s server through the hub's API; the pid of its process."""
+    status, _ = hub.call("POST", f"/hub/api/users/{user}/server")
+    assert status in (201, 202, 400), status   # 400: already running
+    wait_for(lambda: hub.servers().get(user, {}).get("ready"), 120, f"{user}'s server")
+    [pid] = [p for p, (_, cmd) in proc_table().items() if "jupyterhub.singleuser" in cmd
+             and os.stat(f"/proc/{p}").st_uid == pwd.getpwnam(user).pw_uid]
+    return pid
+
+
+def in_kernel(hub: Hub, user: str, code: str, timeout: float = 120) -> tuple[str, str]:
+    """Run `code` in a new kernel of `user`'s server, through the hub's proxy with the test's
+    token: ("ok" | "error" | "died", what it printed)."""
+    import asyncio
+    import uuid
+
+    from tornado.httpclient import HTTPRequest
+    from tornado.websocket import websocket_connect
+
+    status, kernel = hub.call("POST", f"/user/{user}/api/kernels", data=b"{}")
+    assert status == 201, status
+
+    async def run() -> tuple[str, str]:
+        url = f"ws{hub.url[4:]}/user/{user}/api/kernels/{kernel['id']}/channels"
+        ws = await websocket_connect(HTTPRequest(
+            url, headers={"Authorization": f"token {hub.token}"}))
+        msg_id, printed = uuid.uuid4().hex, []
+        ws.write_message(json.dumps({
+            "header": {"msg_id": msg_id, "msg_type": "execute_request", "username": "test",
+                       "session": uuid.uuid4().hex, "version": "5.3"},
+            "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
+            "content": {"code": code, "silent": False, "store_history": False,
+                        "user_expressions": {}, "allow_stdin": False}}))
+        while True:
+            raw = await asyncio.wait_for(ws.read_message(), timeout)
+            if raw is None:
+                return "died", "".join(printed)
+            msg = json.loads(raw)
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "status" and content.get("execution_state") in ("restarting", "dead"):
+                return "died", "".join(printed)
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            if kind == "stream":
+                printed.append(content["text"])
+            elif kind == "error":
+                printed.append(f"{content['ename']}: {content['evalue']}")
+            elif kind == "execute_reply":
+                ws.close()
+                return content["status"], "".join(printed)
+
+    return asyncio.run(run())
+
+
+def cgroup_files(user: str) -> dict[str, Path]:
+    """{file name: path} of the files of `user`'s server's cgroups (LimitedSpawner's)."""
+    from dpmp_lab.instructor.limits import Cgroups
+
+    return {f.name: f for folder in Cgroups.existing(f"dpmp-lab-hub-{user}").folders
+            for f in folder.iterdir()}
+
+
+def cpu_stat(user: str) -> dict[str, int]:
+    files = cgroup_files(user)
+    stat_ = {k: int(v) for k, v in (line.split() for line in
+                                    files["cpu.stat"].read_text().splitlines())}
+    if "cpuacct.usage" in files:   # cgroup v1 counts CPU time in another controller
+        stat_["usage_usec"] = int(files["cpuacct.usage"].read_text()) // 1000
+    return stat_
+
+
+# three processes spinning for 3 s; the CPU time they got, the seconds it took, the cores the
+# server was told it has
+BUSY = ("import os, subprocess, sys, time\n"
+        "spin = 'import time\\nend = time.time() + 3\\nwhile time.time() < end: pass'\n"
+        "began = time.monotonic()\n"
+        "[p.wait() for p in [subprocess.Popen([sys.executable, '-c', spin]) for _ in range(3)]]\n"
+        "t = os.times()\n"
+        "print(t.children_user + t.children_system, time.monotonic() - began,"
+        " os.environ['DPMP_LAB_CORES'])\n")
+
+
+def test_a_runaway_learner_is_held_to_the_limits_of_their_server(hub_class):
+    """Bob's server runs in cgroups of its own: three processes spinning get one CPU between
+    them, and a cell that takes more memory than the server has loses its kernel, not the
+    server, the hub or anyone else's server; the server says DPMP_LAB_CORES=1."""
+    hub, accounts = hub_class
+    bob = accounts.learners[1]
+    server = start_server(hub, bob)
+    files = cgroup_files(bob)
+    limit = files.get("memory.limit_in_bytes") or files["memory.max"]
+    assert int(limit.read_text()) == 2 * 2**30, limit
+    procs = files["cgroup.procs"].read_text().split()
+    assert str(server) in procs, procs
+    before = cpu_stat(bob)
+    status, printed = in_kernel(hub, bob, BUSY)
+    after = cpu_stat(bob)
+    assert status == "ok", (status, printed)
+    spent, wall, cores = printed.split()
+    assert cores == "1"   # DPMP_LAB_CORES: the server's share, which its launches divide
+    assert float(spent) < CPUS * float(wall) * 1.25, printed   # 3 spinning, 1 CPU's time
+    quota = files.get("cpu.cfs_quota_us") or files["cpu.max"]
+    assert quota.read_text().split()[0] == str(int(CPUS * 100_000)), quota
+    if float(spent) > 0.8 * CPUS * float(wall):   # not starved by other work: the quota bit
+        assert after["nr_throttled"] > before["nr_throttled"], (before, after, printed)
+    phase("bob's spinning cell held to one CPU")
+    status, printed = in_kernel(hub, bob, "hog = b'x' * (3 * 2**30)\nprint('survived')")
+    assert status == "died" and "survived" not in printed, (status, printed)
+    assert hub.servers()[bob]["ready"] and hub.ready()   # the server and the hub stay
+    phase("bob's 3 GiB cell lost its kernel, not the server")
+
+
+def hub_pid(hub: Hub) -> int:
+    """The jupyterhub process under the supervisor."""
+    [pid] = [p for p, (parent, cmd) in proc_table().items()
+             if parent == hub.proc.pid and "jupyterhub" in cmd]
+    return pid
+
+
+def test_the_hub_starts_again_after_a_crash_and_a_restart_without_stopping_a_server(hub_class):
+    """The hub killed (a crash): its supervisor starts it again; stopped and started (an
+    update): bob's server is the same process throughout, and answers through the new hub's
+    proxy with the kernel it had."""
+    hub, accounts = hub_class
+    bob = accounts.learners[1]
+    server = start_server(hub, bob)
+    status, kernels = hub.call("GET", f"/user/{bob}/api/kernels")
+    assert status == 200
+    first = hub_pid(hub)
+    os.kill(first, signal.SIGKILL)
+    wait_for(lambda: hub.ready() and hub_pid(hub) != first, 90,
+             f"the supervisor did not start the hub again; see {hub.log_path}")
+    phase("the hub killed, started again by its supervisor")
+    hub.restart()
+    phase("the hub stopped and started")
+    assert hub.servers()[bob]["ready"] and os.kill(server, 0) is None
+    assert start_server(hub, bob) == server
+    status, now = hub.call("GET", f"/user/{bob}/api/kernels")
+    assert status == 200 and {k["id"] for k in now} == {k["id"] for k in kernels}, now
+
+
+def test_a_learner_on_the_roster_logs_in_and_one_taken_off_cannot(hub_class):
+    """A learner added to the roster file while the hub runs can log in within seconds, with
+    no restart; taken off it, their server is stopped and they cannot."""
+    hub, accounts = hub_class
+    late = accounts.late
+    assert log_in_by_form(hub, late, PASSWORD) == 403
+    hub.write_roster([late])
+    wait_for(lambda: hub.call("GET", f"/hub/api/users/{late}")[0] == 200, 30,
+             "the roster's new learner is not a user of the hub")
+    assert log_in_by_form(hub, late, PASSWORD) == 302
+    server = start_server(hub, late)
+    phase("a learner added to the roster logged in and started a server")
+    hub.write_roster([])
+    wait_for(lambda: hub.call("GET", f"/hub/api/users/{late}")[0] == 404, 60,
+             "the learner taken off the roster is still a user of the hub")
+    assert log_in_by_form(hub, late, PASSWORD) == 403
+    wait_for(lambda: not Path(f"/proc/{server}").exists(), 30, "their server still runs")
+    assert cgroup_files(late) == {}
+    phase("taken off the roster: their server stopped, their login refused")
+
+
+def test_an_idle_server_is_culled_and_another_authenticator_plugs_in(hub_class):
+    """With CULL_IDLE, a server nobody uses is stopped, with what its cgroups held; with
+    AUTHENTICATOR and the server's own config file, logins go through that authenticator and
+    still only for the course's users (jupyterhub's dummy authenticator stands in for a
+    university's single sign-on)."""
+    hub, accounts = hub_class
+    bob = accounts.learners[1]
+    server = start_server(hub, bob)
+    sso = secrets.token_hex(8)
+    hub.config(sso=f"c.DummyAuthenticator.password = {sso!r}")
+    hub.restart(DPMP_LAB_HUB_CULL_IDLE="6", DPMP_LAB_HUB_AUTHENTICATOR="dummy")
+    wait_for(lambda: bob not in hub.servers(), 60, "bob's idle server was not culled")
+    assert f"Culling server {bob}" in hub.log_path.read_text()   # by the culler, no other
+    wait_for(lambda: not Path(f"/proc/{server}").exists(), 30, "bob's server still runs")
+    assert cgroup_files(bob) == {}
+    phase("an idle server culled")
+    assert log_in_by_form(hub, accounts.learners[0], PASSWORD) == 403   # not the hub's own
+    assert log_in_by_form(hub, accounts.learners[0], sso) == 302
+    assert log_in_by_form(hub, "stranger", sso) == 403   # authenticated, not of the course
+    phase("logins through another authenticator, the course's users only")

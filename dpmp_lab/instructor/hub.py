@@ -11,6 +11,16 @@ share one nbgrader exchange; learners submit through `exchange.PrivateSubmit`, s
 submission is readable by its learner and the graders' group only, and instructors collect
 through `exchange.OwnerCheckedCollect`, so no learner hands in under another's name.
 
+A service, not a session: every server runs within a memory, CPU and process limit of its
+own (`hub_spawner.LimitedSpawner`, cgroups; systemd's units where systemd runs the machine,
+through jupyterhub-systemdspawner), told its share of the cores (DPMP_LAB_CORES); servers and
+kernels idle for CULL_IDLE seconds are stopped (jupyterhub-idle-culler, Jupyter's kernel
+culler); the hub can stop and start again, under systemd or `hub_supervisor`, without
+stopping a learner's server; learners come and go while it runs (a roster file that
+`hub_roster` follows, or the admin panel of an instructor); another authenticator (a
+university's single sign-on) and its settings plug in by name and a config file of the
+server's own.
+
 The settings come from DPMP_LAB_HUB_* environment variables (`HubSettings.from_env`), checked
 before the hub starts: bad input is one clear error, never a hub that half works. Nothing here
 imports jupyterhub: the classes are named by their entry points.
@@ -21,27 +31,29 @@ from __future__ import annotations
 import json
 import os
 import pwd
-import re
-import shutil
-import subprocess
 import sys
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dpmp_lab.instructor import course
+from dpmp_lab.instructor import course, hub_supervisor
 from dpmp_lab.instructor.course import COURSE_ID
+from dpmp_lab.instructor.hub_settings import (  # noqa: F401 (HubSettings: re-exported)
+    PREFIX,
+    HubConfigError,
+    HubSettings,
+)
 
-PREFIX = "DPMP_LAB_HUB_"
-USER_NAME = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
-GPU_ID = re.compile(r"\d+")
 # what a learner's JupyterLab leaves out of nbgrader: the instructor's tools
 LEARNER_SERVER_OFF = ("nbgrader.server_extensions.formgrader",
                       "nbgrader.server_extensions.course_list")
 LEARNER_LAB_OFF = ("@jupyter/nbgrader:formgrader", "@jupyter/nbgrader:course-list",
                    "@jupyter/nbgrader:create-assignment")
 PRIVATE_SUBMIT = "dpmp_lab.instructor.exchange.PrivateSubmit"
+LIMITED_SPAWNER = "dpmp_lab.instructor.hub_spawner.LimitedSpawner"
+SYSTEMD_SPAWNER = "systemdspawner.SystemdSpawner"
+ROSTER_SERVICE = "dpmp_lab.instructor.hub_roster"
+# a service of the hub's, run so that it ends with the hub (hub_supervisor.SERVICE)
+SERVICE = (sys.executable, "-c", hub_supervisor.SERVICE)
 OWNER_CHECKED_COLLECT = "dpmp_lab.instructor.exchange.OwnerCheckedCollect"
 
 
@@ -50,10 +62,6 @@ OWNER_CHECKED_COLLECT = "dpmp_lab.instructor.exchange.OwnerCheckedCollect"
 # config, state and output. Learners' servers need the package and .venv, nothing of these.
 CHECKOUT_PRIVATE = ("solutions", "tests", ".git", "nbgrader_config.py", "gradebook.db",
                     "submitted", "autograded", "feedback", "reports", ".dpmp_grading")
-
-
-class HubConfigError(ValueError):
-    """A DPMP_LAB_HUB_* setting the hub cannot start with; the message says which and why."""
 
 
 def open_to_others(checkout: Path) -> list[Path]:
@@ -73,143 +81,9 @@ def check_checkout(checkout: Path) -> None:
             "the learners' servers need only the package and .venv)")
 
 
-def _listed(text: str, what: str, form: re.Pattern, kind: str) -> tuple[str, ...]:
-    """The comma- or space-separated items of a setting, each of `form`, else which are not."""
-    items = tuple(item for item in re.split(r"[,\s]+", text.strip()) if item)
-    bad = [item for item in items if not form.fullmatch(item)]
-    if bad:
-        raise HubConfigError(f"{PREFIX}{what}: not a {kind}: {', '.join(bad)}")
-    return items
-
-
-def _names(text: str, what: str) -> tuple[str, ...]:
-    return _listed(text, what, USER_NAME, "user name")
-
-
-def _gpu_ids(text: str, what: str) -> tuple[str, ...]:
-    return _listed(text, what, GPU_ID, "GPU number")
-
-
-def server_gpus() -> tuple[str, ...]:
-    """The GPUs of this server, by `nvidia-smi -L` (none without it)."""
-    if not shutil.which("nvidia-smi"):
-        return ()
-    try:
-        done = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
-    except subprocess.TimeoutExpired as hung:
-        raise HubConfigError(f"`nvidia-smi -L` did not answer in 30 s: name the GPUs in "
-                             f"{PREFIX}GPUS") from hung
-    count = sum(line.startswith("GPU ") for line in done.stdout.splitlines())
-    return tuple(str(i) for i in range(count)) if done.returncode == 0 else ()
-
-
-def parse_gpu_map(text: str) -> dict[str, tuple[str, ...]]:
-    """`alice=0,1; bob=2` -> {"alice": ("0", "1"), "bob": ("2",)}: fixed GPUs for some users."""
-    mapping = {}
-    for entry in (e.strip() for e in text.split(";")):
-        if not entry:
-            continue
-        user, sep, gpus = entry.partition("=")
-        if not sep:
-            raise HubConfigError(f"{PREFIX}GPU_MAP: {entry!r} is not USER=GPU[,GPU...]")
-        [name] = _names(user, "GPU_MAP") or ("",)
-        mapping[name] = _gpu_ids(gpus, "GPU_MAP")
-    return mapping
-
-
-@dataclass(frozen=True)
-class HubSettings:
-    """One course on one server. `course`: the instructor's course root (nbgrader_config.py,
-    solutions/, the gradebook); `exchange`: nbgrader's exchange root; `state`: the hub's
-    database, cookie secret and the roles' Jupyter config; `python`: the interpreter every
-    single-user server runs (the course's environment, executable by every learner)."""
-
-    course: Path
-    exchange: Path
-    state: Path
-    instructors: tuple[str, ...]
-    learners: tuple[str, ...]
-    gpus: tuple[str, ...] = ()
-    gpus_per_user: int = 1
-    gpu_map: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    python: str = sys.executable
-    password: str | None = None   # one password for all (trials, tests), else PAM
-
-    def __post_init__(self) -> None:
-        if not self.instructors:
-            raise HubConfigError(f"{PREFIX}INSTRUCTORS: name at least one instructor")
-        both = sorted(set(self.instructors) & set(self.learners))
-        if both:
-            raise HubConfigError(f"both instructor and learner: {', '.join(both)}")
-        if not (self.course / "nbgrader_config.py").is_file():
-            raise HubConfigError(f"{PREFIX}COURSE={self.course}: no nbgrader_config.py "
-                                 "there (the instructor's course root)")
-        if self.gpus_per_user < 1 or (self.gpus and self.gpus_per_user > len(self.gpus)):
-            raise HubConfigError(f"{PREFIX}GPUS_PER_USER={self.gpus_per_user}: between 1 and "
-                                 f"the server's {len(self.gpus)} GPUs")
-        unknown = sorted(set(self.gpu_map) - set(self.users))
-        if unknown:
-            raise HubConfigError(f"{PREFIX}GPU_MAP names no user of the course: "
-                                 f"{', '.join(unknown)}")
-        missing = sorted({g for gs in self.gpu_map.values() for g in gs} - set(self.gpus))
-        if missing:
-            raise HubConfigError(f"{PREFIX}GPU_MAP: no such GPU on this server: "
-                                 f"{', '.join(missing)} (it has {', '.join(self.gpus) or 'none'})")
-        if self.password is not None and len(self.password) < 8:
-            raise HubConfigError(f"{PREFIX}PASSWORD: at least 8 characters")
-        if not os.access(self.python, os.X_OK):
-            raise HubConfigError(f"{PREFIX}PYTHON={self.python} is not a program")
-
-    @property
-    def users(self) -> tuple[str, ...]:
-        return self.instructors + self.learners
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> HubSettings:
-        """The settings from DPMP_LAB_HUB_* variables (docs/instructor-guide.md, "Running a
-        class on a GPU server"); COURSE and INSTRUCTORS are required."""
-        env = os.environ if environ is None else environ
-        get = lambda key, default=None: env.get(PREFIX + key, default)  # noqa: E731
-        if not get("COURSE"):
-            raise HubConfigError(f"{PREFIX}COURSE is not set: the instructor's course root")
-        per_user = get("GPUS_PER_USER", "1")
-        if not per_user.isdigit():
-            raise HubConfigError(f"{PREFIX}GPUS_PER_USER={per_user!r} is not a number")
-        gpus = get("GPUS")
-        return cls(
-            course=Path(get("COURSE")).resolve(),
-            exchange=Path(get("EXCHANGE", "/srv/nbgrader/exchange")),
-            state=Path(get("STATE", "/srv/dpmp_lab_hub")),
-            instructors=_names(get("INSTRUCTORS", ""), "INSTRUCTORS"),
-            learners=_names(get("LEARNERS", ""), "LEARNERS"),
-            gpus=server_gpus() if gpus is None else _gpu_ids(gpus, "GPUS"),
-            gpus_per_user=int(per_user),
-            gpu_map=parse_gpu_map(get("GPU_MAP", "")),
-            python=get("PYTHON", sys.executable),
-            password=get("PASSWORD") or None,
-        )
-
-    def gpus_for(self, user: str) -> str:
-        """CUDA_VISIBLE_DEVICES for `user`: the fixed map, else the user's block in the
-        round-robin over the server's GPUs (by their place in the roster); '' without GPUs."""
-        if user in self.gpu_map:
-            return ",".join(self.gpu_map[user])
-        if not self.gpus or user not in self.users:
-            return ""
-        n, k = len(self.gpus), self.gpus_per_user
-        start = self.users.index(user) * k
-        return ",".join(self.gpus[(start + j) % n] for j in range(k))
-
-    def role(self, user: str) -> str:
-        return "instructor" if user in self.instructors else "learner"
-
-    def config_dir(self, role: str) -> Path:
-        return self.state / "jupyter-config" / role
-
-    @property
-    def private(self) -> Path:
-        """The hub's own files (database, cookie secret, proxy pid): root's alone."""
-        return self.state / "hub"
+def systemd_runs() -> bool:
+    """Whether systemd manages this machine (sd_booted's test)."""
+    return Path("/run/systemd/system").is_dir()
 
 
 def nbgrader_config(settings: HubSettings, role: str) -> str:
@@ -225,6 +99,21 @@ def nbgrader_config(settings: HubSettings, role: str) -> str:
                   f"c.ExchangeFactory.collect = {OWNER_CHECKED_COLLECT!r}",
                   f"load_subconfig({str(settings.course / 'nbgrader_config.py')!r})  # noqa: F821"]
     return "\n".join(lines) + "\n"
+
+
+def kernel_culling(settings: HubSettings) -> dict:
+    """Jupyter's own culler: a kernel idle for CULL_IDLE seconds is shut down (its memory, and
+    its rank starter's, given back) while its server runs on."""
+    if not settings.cull_idle:
+        return {}
+    return {"MappingKernelManager": {"cull_idle_timeout": settings.cull_idle,
+                                     "cull_interval": cull_every(settings.cull_idle),
+                                     "cull_connected": False}}
+
+
+def cull_every(idle: int) -> int:
+    """How often the cullers look: a third of the idle time, between 1 s and 5 minutes."""
+    return max(1, min(300, idle // 3))
 
 
 def write_role_configs(settings: HubSettings) -> dict[str, Path]:
@@ -244,7 +133,8 @@ def write_role_configs(settings: HubSettings) -> dict[str, Path]:
         files = {
             "nbgrader_config.py": nbgrader_config(settings, role),
             "jupyter_server_config.json": json.dumps(
-                {"ServerApp": {"jpserver_extensions": dict.fromkeys(off_server, False)}}),
+                {"ServerApp": {"jpserver_extensions": dict.fromkeys(off_server, False)},
+                 **kernel_culling(settings)}),
             "labconfig/page_config.json": json.dumps(
                 {"disabledExtensions": dict.fromkeys(off_lab, True)}),
         }
@@ -292,6 +182,7 @@ def pre_spawn(settings: HubSettings, spawner: Any) -> None:
     spawner.environment = {
         **spawner.environment,
         "CUDA_VISIBLE_DEVICES": settings.gpus_for(user),
+        "DPMP_LAB_CORES": str(settings.cores),
         "JUPYTER_CONFIG_PATH": str(settings.config_dir(role)),
         "PATH": bindir + os.pathsep + "/usr/local/bin:/usr/bin:/bin",
     }
@@ -308,17 +199,81 @@ def configure(c: Any, settings: HubSettings, proxy: Path, checkout: Path) -> Non
                              f"{proxy.parents[2]}` (python3 bootstrap.py hub does)")
     write_role_configs(settings)
     prepare_exchange(settings)
-    c.JupyterHub.authenticator_class = "shared-password" if settings.password else "pam"
-    if settings.password:
-        c.SharedPasswordAuthenticator.user_password = settings.password
-    c.Authenticator.allowed_users = set(settings.users)
-    c.JupyterHub.spawner_class = "localprocess"
+    authenticate(c, settings)
     c.JupyterHub.db_url = f"sqlite:///{settings.private / 'jupyterhub.sqlite'}"
     c.JupyterHub.cookie_secret_file = str(settings.private / "jupyterhub_cookie_secret")
+    c.JupyterHub.cleanup_servers = False   # a restart of the hub leaves learners working
     c.ConfigurableHTTPProxy.command = [str(proxy)]
     c.ConfigurableHTTPProxy.pid_file = str(settings.private / "proxy.pid")
+    if settings.ssl_cert is not None:
+        c.JupyterHub.ssl_cert, c.JupyterHub.ssl_key = str(settings.ssl_cert), str(settings.ssl_key)
+    spawn(c, settings)
+    services(c, settings)
+    if settings.extra_config is not None:   # last: the server's own word wins
+        code = compile(settings.extra_config.read_text(), str(settings.extra_config), "exec")
+        exec(code, {"c": c, "get_config": lambda: c, "__file__": str(settings.extra_config)})
+
+
+def authenticate(c: Any, settings: HubSettings) -> None:
+    """Who may log in: the instructors (admins, except with the one shared password of a
+    trial: the admin panel adds and removes learners while the hub runs), the learners, the
+    roster's (`hub_roster` follows the file); checked by JupyterHub's own allowed_users,
+    which every authenticator honours."""
+    shared = settings.password and not settings.authenticator
+    if settings.authenticator:
+        c.JupyterHub.authenticator_class = settings.authenticator
+    elif shared:
+        c.JupyterHub.authenticator_class = "shared-password"
+        c.SharedPasswordAuthenticator.user_password = settings.password
+    else:
+        c.JupyterHub.authenticator_class = "pam"
+    c.Authenticator.allowed_users = set(settings.users)
+    if not shared:   # one password for all grants no admin: the roster does the admin's part
+        c.Authenticator.admin_users = set(settings.instructors)
+    c.Authenticator.allow_existing_users = True   # added by the admin panel or the roster
+
+
+def spawn(c: Any, settings: HubSettings) -> None:
+    """Each server as its user's process, within its limits: systemd's units where systemd
+    runs the machine (jupyterhub-systemdspawner, when installed), cgroups otherwise."""
+    if systemd_runs() and _installed("systemdspawner"):
+        c.JupyterHub.spawner_class = SYSTEMD_SPAWNER
+        c.SystemdSpawner.unit_extra_properties = {"TasksMax": str(settings.processes)}
+        c.SystemdSpawner.isolate_tmp = True
+        c.SystemdSpawner.disable_user_sudo = True
+    else:
+        c.JupyterHub.spawner_class = LIMITED_SPAWNER
+        c.LimitedSpawner.processes = settings.processes
+    c.Spawner.mem_limit = settings.memory
+    c.Spawner.cpu_limit = settings.cpus
     c.Spawner.cmd = [settings.python, "-m", "jupyterhub.singleuser"]
     c.Spawner.default_url = "/lab"
     c.Spawner.start_timeout = 120
     c.Spawner.http_timeout = 60
     c.Spawner.pre_spawn_hook = lambda spawner: pre_spawn(settings, spawner)
+
+
+def services(c: Any, settings: HubSettings) -> None:
+    """The idle culler and the roster's follower, started and stopped by the hub, each with
+    the scopes it needs and no more."""
+    listed, roles = [], []
+    if settings.cull_idle:
+        listed.append({"name": "idle-culler", "command": [
+            *SERVICE, "jupyterhub_idle_culler", f"--timeout={settings.cull_idle}",
+            f"--cull-every={cull_every(settings.cull_idle)}"]})
+        roles.append({"name": "idle-culler", "services": ["idle-culler"], "scopes": [
+            "list:users", "read:users:activity", "read:servers", "delete:servers"]})
+    if settings.roster is not None:
+        listed.append({"name": "roster", "command": [
+            *SERVICE, ROSTER_SERVICE, "--roster", str(settings.roster),
+            "--keep", ",".join(settings.instructors + settings.learners)]})
+        roles.append({"name": "roster", "services": ["roster"], "scopes": [
+            "list:users", "read:users", "admin:users", "admin:servers"]})
+    c.JupyterHub.services = listed
+    c.JupyterHub.load_roles = roles
+
+
+def _installed(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None

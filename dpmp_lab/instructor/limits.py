@@ -12,7 +12,8 @@ and set its rlimits before it becomes nbgrader, so that everything below inherit
   while it runs (`disk_used`); the grader stops a job past its limit.
 - output: bytes per cell and per notebook, counted by the grader as they arrive (see
   nbgrader_plugin.GuardedExecute), and wall time: the grader's own clock.
-- CPU time is counted, not limited: cgroup v1's cpuacct (or v2's cpu.stat) per job.
+- CPU time is counted, not limited: cgroup v1's cpuacct (or v2's cpu.stat) per job. (A
+  learner's server on the course's hub is limited in CPU too: `Cgroups.make` with `cpus`.)
 
 `Cgroups.hit()` reads the kernel's own counters (an OOM kill, a fork refused), so a job
 stopped by a limit is reported as such, not as a mysterious dead kernel.
@@ -20,6 +21,7 @@ stopped by a limit is reported as such, not as a mysterious dead kernel.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -32,6 +34,7 @@ from pathlib import Path
 from dpmp_lab._helpers import whole_number
 
 MIB = 2**20
+CPU_PERIOD_US = 100_000   # the kernel's default CFS period: a quota of one CPU is this much
 
 
 @dataclass(frozen=True)
@@ -94,7 +97,7 @@ def cgroup_mounts() -> dict[str, Path]:
         if kind == "cgroup2":
             found.setdefault("", where)
         elif kind == "cgroup":
-            for c in ("memory", "pids", "cpuacct"):
+            for c in ("memory", "pids", "cpuacct", "cpu"):
                 if c in options:
                     found.setdefault(c, where)
     return found
@@ -114,29 +117,58 @@ class Cgroups:
     def create(cls, limits: Limits, name: str | None = None) -> Cgroups:
         """Make the job's cgroups below this process's own; what cannot be made is left to
         rlimits, and said in `held`."""
-        name = name or f"dpmp-lab-{uuid.uuid4().hex[:12]}"
+        return cls.make(name or f"dpmp-lab-{uuid.uuid4().hex[:12]}", limits.memory_mb,
+                        limits.processes)
+
+    @classmethod
+    def make(cls, name: str, memory_mb: int, processes: int, cpus: float | None = None,
+             ) -> Cgroups:
+        """Cgroups called `name` below this process's own, holding `memory_mb` (no swap),
+        `processes` and, with `cpus`, that many CPUs' time (a quota per 100 ms period); a
+        folder left by an earlier one of that name is taken over. `held` says what holds."""
         own, mounts = own_cgroups(), cgroup_mounts()
-        job = cls(memory_mb=limits.memory_mb)
+        job = cls(memory_mb=memory_mb)
+        quota = None if cpus is None else max(1000, round(cpus * CPU_PERIOD_US))
         if "memory" in mounts or "pids" in mounts:
             job.version = 1
-            for controller, files in (("memory", {"memory.limit_in_bytes": limits.memory_mb * MIB,
-                                                  "memory.memsw.limit_in_bytes":
-                                                  limits.memory_mb * MIB}),
-                                      ("pids", {"pids.max": limits.processes}),
-                                      ("cpuacct", {})):
+            for controller, files in (
+                    ("memory", {"memory.limit_in_bytes": memory_mb * MIB,
+                                "memory.memsw.limit_in_bytes": memory_mb * MIB}),
+                    ("pids", {"pids.max": processes}),
+                    ("cpu", {} if quota is None else {"cpu.cfs_period_us": CPU_PERIOD_US,
+                                                      "cpu.cfs_quota_us": quota}),
+                    ("cpuacct", {})):
+                if controller == "cpu" and quota is None:
+                    continue
                 if controller in mounts and _make(
                         mounts[controller] / own.get(controller, "/").lstrip("/") / name, files,
                         job) and controller != "cpuacct":   # cpuacct counts, limits nothing
                     job.held[controller] = "cgroup v1"
         elif "" in mounts:
             parent = mounts[""] / own.get("", "/").lstrip("/")
-            enabled = _read(parent / "cgroup.subtree_control").split()
-            if {"memory", "pids"} <= set(enabled) and _make(
-                    parent / name, {"memory.max": limits.memory_mb * MIB,
-                                    "memory.swap.max": 0, "pids.max": limits.processes}, job):
+            enabled = set(_read(parent / "cgroup.subtree_control").split())
+            files: dict[str, int | str] = {"memory.max": memory_mb * MIB, "memory.swap.max": 0,
+                                           "pids.max": processes}
+            if quota is not None and "cpu" in enabled:
+                files["cpu.max"] = f"{quota} {CPU_PERIOD_US}"
+            if {"memory", "pids"} <= enabled and _make(parent / name, files, job):
                 job.version = 2
                 job.held = {"memory": "cgroup v2", "pids": "cgroup v2"}
+                if "cpu.max" in files:
+                    job.held["cpu"] = "cgroup v2"
         return job
+
+    @classmethod
+    def existing(cls, name: str) -> Cgroups:
+        """The cgroups called `name` below this process's own that exist now (to stop what
+        is in them), whoever made them."""
+        own, mounts = own_cgroups(), cgroup_mounts()
+        if "memory" in mounts or "pids" in mounts:   # v1 first, as make() does
+            where = [mount / own.get(c, "/").lstrip("/") / name
+                     for c, mount in mounts.items() if c]
+        else:
+            where = [mounts[""] / own.get("", "/").lstrip("/") / name] if "" in mounts else []
+        return cls(folders=sorted({f for f in where if f.is_dir()}))
 
     def hit(self) -> str | None:
         """Which limit the kernel enforced on this job, if one: an OOM kill or a refused fork."""
@@ -193,9 +225,9 @@ class Cgroups:
         return [str(f / "cgroup.procs") for f in self.folders]
 
 
-def _make(folder: Path, files: dict[str, int], job: Cgroups) -> bool:
+def _make(folder: Path, files: dict[str, int | str], job: Cgroups) -> bool:
     try:
-        folder.mkdir()
+        folder.mkdir(exist_ok=True)
     except OSError:
         return False
     try:
@@ -203,7 +235,8 @@ def _make(folder: Path, files: dict[str, int], job: Cgroups) -> bool:
             if (folder / name).exists():
                 (folder / name).write_text(str(value))
     except OSError:
-        folder.rmdir()
+        with contextlib.suppress(OSError):
+            folder.rmdir()
         return False
     job.folders.append(folder)
     return True
