@@ -1,5 +1,6 @@
-"""The course: solution notebooks run, course/ matches solutions/, and nbgrader's real round trip
-gives the solutions full marks, the blank release zero, and every wrong answer in
+"""The course: solution notebooks run, course/ matches solutions/, nbgrader's real round trip
+gives the solutions full marks, and the grading (nbgrader's, or the one-job grading that runs
+every test cell where nbgrader does) gives the blank release zero and every wrong answer in
 tests/course_variants/ exactly the points it should lose."""
 
 from __future__ import annotations
@@ -49,10 +50,10 @@ def test_there_are_assignments():
 
 
 # The device audit (every launch runs as if each rank had a GPU, so a tensor of the notebook's on
-# the wrong device under nccl fails) is on in nbgrader's grading of the solution and of the
-# device mistakes below: they are its students "solution" and "solution_device_<cell>", graded
-# together with DPMP_LAB_DEVICE_AUDIT=1 (the plain run on the CPU is the one-job grading's).
-AUDITED = "solution*"
+# the wrong device under nccl fails) is on in all of nbgrader's grading here: of the solution
+# (or of the sample variant that stands in for it, by_nbgrader_in_full), of the device mistakes
+# below ("solution_device_<cell>") and of the variants; the plain run on the CPU is the one-job
+# grading's.
 
 
 def device_mistakes(name: str) -> dict[str, nbformat.NotebookNode]:
@@ -73,10 +74,13 @@ def _errors_in(path: Path) -> dict[str, str]:
 
 @pytest.mark.parametrize("name", ASSIGNMENTS)
 def test_solution_notebook_runs_with_every_hidden_test_passing(graded, name):
-    """Under the device audit, graded by nbgrader (AUDITED)."""
-    cells = scores_of(graded, name, "solution")
-    assert cells and all(score == top for score, top in cells.values()), cells
-    assert graded["audit"][name]["(solution)"] == {}
+    """Under the device audit, graded by nbgrader: the solution, or where nbgrader grades a
+    sample variant, that variant, whose every other cell is the solution's and passes."""
+    student, loses = nbgrader_in_full(name)
+    cells = scores_of(graded, name, student)
+    assert cells and all(score == top for cell, (score, top) in cells.items()
+                         if cell not in loses), cells
+    assert set(graded["audit"][name]["(solution)"]) <= loses
 
 
 @pytest.mark.parametrize("name", ASSIGNMENTS)
@@ -116,7 +120,7 @@ def test_a_device_mistake_fails_its_test_cell_under_the_audit(graded, name, cell
                                                               edit, message):
     if name not in ASSIGNMENTS:
         pytest.skip(f"{name} is not among DPMP_LAB_ASSIGNMENTS")
-    scores_of(graded, name, "solution")   # fails clearly if that round trip failed
+    scores_of(graded, name, nbgrader_in_full(name)[0])   # fails clearly if that round trip did
     failed = graded["audit"][name][cell]
     assert test_cell in failed, f"{test_cell} passed: {sorted(failed)}"
     assert "device audit: " + message in failed[test_cell]
@@ -213,7 +217,7 @@ def test_course_folder_is_current(graded, name):
     """course/NN is what `dpmp-lab release` makes of solutions/NN: the round trip's own release
     (made in its scratch course by the generate_assignment step `dpmp-lab release` runs)
     against the committed one."""
-    scores_of(graded, name, "solution")   # fails clearly if that round trip failed
+    scores_of(graded, name, nbgrader_in_full(name)[0])   # fails clearly if that round trip did
     fresh, committed = graded["roots"][name] / "course" / name, ROOT / "course" / name
     files = sorted(p.relative_to(fresh) for p in fresh.rglob("*") if p.is_file())
     assert files == sorted(p.relative_to(committed) for p in committed.rglob("*")
@@ -241,11 +245,19 @@ def visible_variants() -> list[tuple[str, dict]]:
 
 
 def learner_view_sample() -> list[tuple[str, dict]]:
-    """The first variant with visible cells of each notebook."""
-    first: dict[str, dict] = {}
+    """Of each notebook, the variant with visible cells whose last one comes first (its run
+    stops there), the first such in the file on a tie."""
+    def last_visible(name: str, v: dict) -> int:
+        ids = [c.metadata.get("nbgrader", {}).get("grade_id")
+               for c in source_notebook(name).cells]
+        return max(ids.index(cell) for cell in v["visible"])
+
+    first: dict[str, tuple[int, dict]] = {}
     for name, v in visible_variants():
-        first.setdefault(name, v)
-    return list(first.items())
+        at = last_visible(name, v)
+        if name not in first or at < first[name][0]:
+            first[name] = (at, v)
+    return [(name, v) for name, (_, v) in first.items()]
 
 
 def _learner_view_failures(name: str, variant: dict, env: dict[str, str]) -> dict[str, str]:
@@ -303,12 +315,12 @@ def test_the_learner_sees_the_same_failure_without_the_hidden_tests(graded, name
 # before each cell where a variant starts; then each variant
 # re-runs the notebook from its first changed cell, with its own sources, after the namespace
 # saved there is put back. nbgrader's real round trip (release, submit, autograde, feedback)
-# grades the solution, the blank release, every variant that writes into the grader (it would
-# spoil a shared kernel, and only nbgrader's scan zeroes it), and one sample variant of each
-# notebook whose tests hand the learner's side code of their own (hands_over_its_own_code),
-# which is graded both ways: both must give exactly `loses`. (One autograde is a whole notebook
-# run in a fresh sandbox: elsewhere the solution and the blank release show the two ways agree,
-# each test cell passing and failing alike; more would only repeat it.)
+# grades every variant that writes into the grader (it would spoil a shared kernel, and only
+# nbgrader's scan zeroes it), one sample variant of each notebook whose tests hand the
+# learner's side code of their own (hands_over_its_own_code), which is graded both ways: both
+# must give exactly `loses`, and the solution of every other notebook (nbgrader_in_full: a
+# sample passes every test cell but its own, so the solution would only repeat it). The blank
+# release is one more variant of the one-job grading ("(release)": every graded cell lost).
 # After its changed cells a variant re-runs only the cells that read a name whose value differs
 # from the solution's at that point (tests/checkpoints.py compares them after each cell it runs;
 # dpmp_lab/harness/cells.py reads which names each cell reads), with the solution's values and
@@ -429,6 +441,35 @@ def by_nbgrader(name: str) -> list[int]:
     return sorted(flagged + ([] if sample is None else [sample]))
 
 
+def graded_cells(nb: nbformat.NotebookNode) -> list[str]:
+    return [c.metadata["nbgrader"]["grade_id"] for c in nb.cells
+            if c.metadata.get("nbgrader", {}).get("grade")]
+
+
+@functools.cache
+def release_variant(name: str) -> dict:
+    """The blank release as a variant of the one-job grading: every solution cell as the
+    committed release has it (test_course_folder_is_current holds it equal to what nbgrader's
+    generate_assignment writes), every graded cell lost."""
+    released = nbformat.read(ROOT / "course" / name / f"{name}.ipynb", as_version=4)
+    return {"name": "(release)", "loses": graded_cells(released),
+            "replace": {c.metadata["nbgrader"]["grade_id"]: c.source for c in released.cells
+                        if c.metadata.get("nbgrader", {}).get("solution")}}
+
+
+@functools.cache
+def nbgrader_in_full(name: str) -> tuple[str, frozenset[str]]:
+    """(the student, the cells it loses) of the submission that shows nbgrader passing every
+    test cell of `name` but its own: the sample of by_nbgrader where there is one (a solution
+    with one mistake written in), else the solution, graded too. (Grading both would only run
+    the same notebook twice: the one-job grading runs the solution and shows the two ways
+    agree on the sample.)"""
+    sampled = [i for i in by_nbgrader(name) if not writes_into_the_grader(name, variants(name)[i])]
+    if sampled:
+        return f"variant{sampled[0]:02d}", frozenset(variants(name)[sampled[0]]["loses"])
+    return "solution", frozenset()
+
+
 @functools.cache
 def in_one_job(name: str) -> list[int]:
     return [i for i, v in enumerate(variants(name)) if not writes_into_the_grader(name, v)]
@@ -441,28 +482,25 @@ def _submit(root: Path, student: str, name: str, nb: nbformat.NotebookNode) -> N
 
 
 def _round_trip(root: Path, name: str) -> dict:
-    """Release, submit (solution and device mistakes, blank release, the variants of
-    by_nbgrader), autograde (AUDITED under the device audit), feedback, in one nbgrader
-    process: in a scratch course of its own, so that one assignment's trouble stays its own."""
+    """Release, submit (the solution unless a sample stands in for it, nbgrader_in_full; the
+    device mistakes; the variants of by_nbgrader), autograde under the device audit, feedback,
+    in one nbgrader process: in a scratch course of its own, so that one assignment's trouble
+    stays its own. (The blank release is graded in the one-job grading, "(release)".)"""
     from nbgrader.api import Gradebook
 
     root.mkdir()
     shutil.copy(ROOT / "nbgrader_config.py", root)
     shutil.copytree(ROOT / "solutions" / name, root / "solutions" / name)
-    # the blank hand-in is the committed release, which test_course_folder_is_current holds
-    # equal to what this round trip's generate_assignment writes (all in one nbgrader process)
-    released = nbformat.read(ROOT / "course" / name / f"{name}.ipynb", as_version=4)
-    _submit(root, "solution", name, source_notebook(name))
+    if nbgrader_in_full(name)[0] == "solution":
+        _submit(root, "solution", name, source_notebook(name))
     for cell, nb in device_mistakes(name).items():
         _submit(root, f"solution_device_{cell}", name, nb)
-    _submit(root, "release", name, released)
     for i in by_nbgrader(name):
         _submit(root, f"variant{i:02d}", name,
                 with_replacements(source_notebook(name), variants(name)[i]["replace"]))
     course.nbgrader_steps([   # one process, as `dpmp-lab grade` runs a job
         Step(("generate_assignment", name, "--force")),   # dpmp-lab release's step
-        Step(("autograde", name, "--create", "--student", AUDITED), {"DPMP_LAB_DEVICE_AUDIT": "1"}),
-        Step(("autograde", name, "--create")),   # the others
+        Step(("autograde", name, "--create"), {"DPMP_LAB_DEVICE_AUDIT": "1"}),
         Step(("generate_feedback", name, "--force"))], root=root, capture=True)
     scores = {}
     with Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gb:
@@ -549,7 +587,7 @@ async def _grade_in_one_job(name: str) -> dict[str, KernelGrade]:
                          resources={"metadata": {"path": str(ROOT / "solutions" / name)}},
                          **_sandboxed())
     the_plan = plan_of(client.nb, *split_cells(client.nb))   # a variant changes learner's cells
-    todo = [variants(name)[i] for i in in_one_job(name)]
+    todo = [variants(name)[i] for i in in_one_job(name)] + [release_variant(name)]
     first = {v["name"]: min(changed_cells(name, v)) for v in todo}
     earliest = min(first.values(), default=len(nb.cells))
     code = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
@@ -564,7 +602,11 @@ async def _grade_in_one_job(name: str) -> dict[str, KernelGrade]:
         return ("".join(o.get("text", "") for o in step.outputs if o.output_type == "stream")
                 + await _quietly(harness, source))
 
-    async def execute(cell: nbformat.NotebookNode, index: int, grade: KernelGrade) -> None:
+    async def execute(cell: nbformat.NotebookNode, index: int, grade: KernelGrade,
+                      whole: bool = False) -> None:
+        """One cell where the plan runs it; a test cell's visible part, then its hidden part,
+        unless `whole` (as nbgrader runs it: its traceback shows the lines around the failure,
+        which feedback must mask)."""
         meta = cell.metadata.get("nbgrader", {})
         where = the_plan.where[index]
         if where is not Where.HARNESS:
@@ -572,7 +614,8 @@ async def _grade_in_one_job(name: str) -> dict[str, KernelGrade]:
             await client.async_execute_cell(step, index)
         if where is Where.LEARNER:
             return
-        parts = _split_at_hidden_tests(cell.source) if meta.get("grade") else (cell.source,)
+        parts = (_split_at_hidden_tests(cell.source) if meta.get("grade") and not whole
+                 else (cell.source,))
         for n, part in enumerate(parts):
             if not part.strip():
                 continue
@@ -598,14 +641,15 @@ async def _grade_in_one_job(name: str) -> dict[str, KernelGrade]:
         await plumbing(f"__dpmp_checkpoints.save(globals(), {len(nb.cells)})", code[-1])
         return grade
 
-    async def in_full(cells: list, start: int) -> KernelGrade:
+    async def in_full(cells: list, start: int, whole: bool = False) -> KernelGrade:
         grade = KernelGrade({}, {})
         await plumbing(f"__dpmp_checkpoints.restore(globals(), {start})", start)
         for index in (i for i in code if i >= start):
-            await execute(cells[index], index, grade)
+            await execute(cells[index], index, grade, whole)
         return grade
 
-    async def skipping(cells: list, changed: set[int], ran: list[int]) -> KernelGrade:
+    async def skipping(cells: list, changed: set[int], ran: list[int], whole: bool = False,
+                       ) -> KernelGrade:
         """From the first changed cell on, only the cells that are changed or read a name
         whose value differs from the solution's there (tests/checkpoints.py, in both kernels);
         a skipped cell is taken to do what it did in the solution's run, so the names it binds
@@ -635,7 +679,7 @@ async def _grade_in_one_job(name: str) -> dict[str, KernelGrade]:
                                f"{tuple(sorted(dirty))!r}, {from_here!r})", index)
                 behind = False
             ran.append(index)
-            await execute(cells[index], index, grade)
+            await execute(cells[index], index, grade, whole)
             printed = await plumbing(
                 f"print(__import__('json').dumps(__dpmp_checkpoints.differs(globals(), "
                 f"{after[index]}, {later[index]!r})))", index)
@@ -660,11 +704,12 @@ async def _grade_in_one_job(name: str) -> dict[str, KernelGrade]:
         for variant in sorted(todo, key=lambda v: -first[v["name"]]):
             clock, ran = time.monotonic(), []
             cells = with_replacements(nb, variant["replace"]).cells
-            grade = first_grade = await skipping(cells, changed_cells(name, variant), ran)
+            whole = variant["name"] == "(release)"   # its tracebacks as nbgrader's would be
+            grade = first_grade = await skipping(cells, changed_cells(name, variant), ran, whole)
             # a skipping run that differs from what the variant should lose may have
             # missed a dependency: the whole rest of the notebook decides
             if not as_expected(variant, grade):
-                grade = await in_full(cells, first[variant["name"]])
+                grade = await in_full(cells, first[variant["name"]], whole)
             results[variant["name"]] = grade
             results["(skipping)"][variant["name"]] = {
                 "ran": ran, "fell back": grade is not first_grade,
@@ -743,9 +788,9 @@ def graded(tmp_path_factory) -> dict:
                               f"alone: {first}", stacklevel=1)
     for name, root in out["roots"].items():   # what the audited grading's cells raised
         if not isinstance(out["nbgrader"][name], Exception):
-            students = {"(solution)": "solution", **{cell: f"solution_device_{cell}"
-                                                     for of, cell, *_ in DEVICE_MISTAKES
-                                                     if of == name}}
+            students = {"(solution)": nbgrader_in_full(name)[0],
+                        **{cell: f"solution_device_{cell}" for of, cell, *_ in DEVICE_MISTAKES
+                           if of == name}}
             out["audit"][name] = {key: _errors_in(root / "autograded" / student / name
                                                   / f"{name}.ipynb")
                                   for key, student in students.items()}
@@ -774,15 +819,15 @@ def one_job_result(graded: dict, name: str) -> dict[str, KernelGrade]:
 
 @pytest.mark.parametrize("name", ASSIGNMENTS)
 def test_solutions_get_full_marks(graded, name):
-    cells = scores_of(graded, name, "solution")
-    assert cells and all(score == top for score, top in cells.values()), cells
+    """In the one-job grading (nbgrader's, where it grades the solution: the test above)."""
     assert one_job_result(graded, name)["(solution)"].failed == {}
 
 
 @pytest.mark.parametrize("name", ASSIGNMENTS)
 def test_unmodified_release_gets_zero_on_every_graded_cell(graded, name):
-    cells = scores_of(graded, name, "release")
-    assert cells and all(score == 0 for score, _ in cells.values()), cells
+    failed = one_job_result(graded, name)["(release)"].failed
+    cells = graded_cells(source_notebook(name))
+    assert cells and sorted(failed) == sorted(cells), sorted(set(cells) - set(failed))
 
 
 @pytest.mark.parametrize("name", ASSIGNMENTS)
@@ -820,21 +865,36 @@ def test_feedback_holds_no_hidden_test(graded, name):
     hidden tests is in any feedback page, whatever failed and printed its traceback."""
     import html
 
+    from dpmp_lab.instructor import nbgrader_plugin
     from dpmp_lab.instructor.nbgrader_plugin import hidden_lines
 
-    scores_of(graded, name, "solution")
+    student, _ = nbgrader_in_full(name)
+    scores_of(graded, name, student)
     hidden = hidden_lines(source_notebook(name)) | {"BEGIN HIDDEN TESTS"}   # the marker too
     pages = sorted((graded["roots"][name] / "feedback").glob(f"*/{name}/{name}.html"))
-    assert {p.parent.parent.name for p in pages} >= {"solution", "release"}
+    assert student in {p.parent.parent.name for p in pages}
     for page in pages:
         text = html.unescape(re.sub(r"<[^>]+>", "", page.read_text()))
         leaked = [line for line in hidden if line in text]
         assert not leaked, f"{name}, feedback of {page.parent.parent.name}: {leaked[:3]}"
+    # every test failing, as in the blank release, each test cell run whole as nbgrader runs
+    # it: what each printed, masked as feedback masks a cell's output (HideHiddenTests), holds
+    # no hidden line either (a traceback shows the lines around the failing one)
+    masking = nbgrader_plugin.HideHiddenTests()
+    hidden_here = hidden_lines(source_notebook(name), masking.begin_test_delimeter,
+                               masking.end_test_delimeter, masking.min_length) | {
+        masking.begin_test_delimeter, masking.end_test_delimeter}
+    for cell, text in one_job_result(graded, name)["(release)"].failed.items():
+        out = nbformat.v4.new_output("stream", name="stderr", text=text)
+        nbgrader_plugin.mask_output(out, hidden_here)
+        shown = re.sub(r"\x1b\[[0-9;]*m", "", out.text)   # as the page shows it, uncoloured
+        leaked = [line for line in hidden if line in shown]
+        assert not leaked, f"{name}, the release's {cell} shows {leaked[:3]} once masked"
 
 
 @pytest.mark.parametrize("name", ASSIGNMENTS)
 def test_feedback_is_generated_and_explains_the_mistake(graded, name):
-    scores_of(graded, name, "solution")   # fails clearly if grading this assignment failed
+    scores_of(graded, name, nbgrader_in_full(name)[0])   # fails clearly if grading failed
     root = graded["roots"][name]
     pages = []
     for i in by_nbgrader(name):
