@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -905,12 +906,23 @@ def test_feedback_is_generated_and_explains_the_mistake(graded, name):
                             for p in pages)
 
 
-def test_a_learners_copy_holds_the_release_and_no_hidden_test(tmp_path, capsys):
+def test_a_learners_copy_holds_the_release_and_no_hidden_test(tmp_path, capsys, monkeypatch):
     from dpmp_lab import cli
     from dpmp_lab.instructor.nbgrader_plugin import hidden_lines
 
     dest = tmp_path / "for_learners"
+    closed = []   # a checkout closed to other accounts, as a server's is: copied open
+    real_copytree = shutil.copytree
+
+    def copytree(source, target, *args, **kwargs):
+        made = real_copytree(source, target, *args, **kwargs)
+        Path(target).chmod(0o700)
+        closed.append(target)
+        return made
+    monkeypatch.setattr(course.shutil, "copytree", copytree)
     assert cli.main(["learner-copy", str(dest)]) == 0
+    assert closed and all(stat.S_IMODE(Path(p).stat().st_mode) & 0o005 == 0o005 for p in closed)
+    assert all(p.stat().st_mode & 0o004 for p in dest.rglob("*") if not p.is_symlink())
     assert "bootstrap.py course" in capsys.readouterr().out
     assert sorted(p.name for p in dest.iterdir()) == sorted(course.LEARNER_FILES)
     files = [p for p in dest.rglob("*") if p.is_file()]

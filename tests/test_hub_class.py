@@ -24,12 +24,13 @@ processes), and it removes the accounts and their homes, on failure too. It need
 useradd, Chromium, bubblewrap and the proxy (`python3 bootstrap.py test` installs it): without
 them it skips and says why, and under CI (CI=true) it fails instead.
 
-The single-user servers and the instructor's grading run the Python of this checkout's .venv.
-Where that interpreter lives in a folder other users cannot enter (pyenv under /root), under CI
-the test lets them enter (o+x, not list) the folders above it for its run; elsewhere it gives
-the accounts a venv of a system Python of the same minor version that reads the same packages
-(a package that needs a later patch release can then fail there: soupsieve needs 3.11.5). On
-a server, install the course where every account can run it (the instructor guide).
+The single-user servers and the instructor's grading run from a learner's copy of the course
+(`dpmp-lab learner-copy`: the release and the package, no hidden test), as the guide says to
+serve learners, and the checkout the hub runs from is closed to every other account
+(learners_python: the copy's venv holds hard links to the checkout's installed packages, in
+place of an install of its own).
+Where the interpreter lives in a folder other users cannot enter (pyenv under /root), under CI
+the test lets them enter (o+x, not list) the folders above it for its run; elsewhere it skips.
 """
 
 from __future__ import annotations
@@ -121,41 +122,47 @@ def preconditions() -> None:
     playwright_api()
 
 
-def users_python(user: str, base: Path) -> str:
-    """The Python the accounts run: .venv's when `user` can run it, else a venv of a system
-    Python of the same version under `base` that reads .venv's packages and Jupyter data."""
-    check = ["-c", "import jupyterhub, nbgrader"]
-    if sh(sys.executable, *check, user=user, check=False).returncode == 0:
-        return sys.executable
+def learners_python(base: Path, user: str) -> str:
+    """The Python every server runs: a learner's copy of the course (`dpmp-lab learner-copy`:
+    the release, the package, no hidden test), in a venv of its own whose package is the
+    copy's. On a server `pip install -e '.[hub]'` in the copy fills its .venv; here, to save
+    the install, its site-packages are this checkout's .venv's, hard-linked (copied where they
+    cannot be), with the copy in place of the checkout's editable package."""
+    from dpmp_lab.instructor import course as course_module
+
+    copy = base / "learners"
+    course_module.learner_copy(copy, root=ROOT)
+    env = copy / ".venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    for candidate in (f"/usr/bin/{version}", f"/usr/local/bin/{version}"):
-        if os.access(candidate, os.X_OK):
-            break
-    else:
-        unavailable(f"{sys.executable} cannot be run by other users and there is no system "
-                    f"{version}: install the checkout where every account can run it")
-    env = base / "venv"
-    subprocess.run([candidate, "-m", "venv", "--without-pip", str(env)], check=True)
-    purelib = sysconfig.get_paths()["purelib"]
     site = env / "lib" / version / "site-packages"
-    (site / "dpmp_lab_venv.pth").write_text(f"import site; site.addsitedir({purelib!r})\n")
+    shutil.rmtree(site)
+    purelib = sysconfig.get_paths()["purelib"]
+    if subprocess.run(["cp", "-al", purelib, str(site)], capture_output=True).returncode:
+        shutil.rmtree(site, ignore_errors=True)
+        shutil.copytree(purelib, site, symlinks=True)   # another file system
+    for editable in site.glob("__editable__*dpmp_lab*"):
+        editable.unlink()
+    (site / "dpmp_lab_learners.pth").write_text(f"{copy}\n")
     for shared in ("share", "etc"):    # JupyterLab's app, the extensions and their config
         if (Path(sys.prefix) / shared).exists():
             (env / shared).symlink_to(Path(sys.prefix) / shared)
     python = str(env / "bin" / "python")
-    if sh(python, *check, user=user, check=False).returncode:
-        unavailable(f"another account cannot read this checkout's packages ({purelib}): "
-                    "clone it where every account may enter, e.g. under /srv or /opt")
+    if sh(python, "-c", "import jupyterhub, nbgrader", user=user, check=False).returncode:
+        unavailable(f"the accounts cannot run {python} (its interpreter is in a folder they "
+                    "cannot enter): clone the checkout where every account may enter, e.g. "
+                    "under /srv or /opt")
     return python
 
 
 class Accounts:
     """System users made for the test, removed with their homes and processes at the end."""
 
-    def __init__(self) -> None:
+    def __init__(self, more: int = 0) -> None:
         tag = secrets.token_hex(3)
         self.instructor = f"dpmpt{tag}"
-        self.learners = (f"dpmpa{tag}", f"dpmpb{tag}")
+        self.learners = (f"dpmpa{tag}", f"dpmpb{tag}",
+                         *(f"dpmp{i}l{tag}" for i in range(more)))   # `more`: a load test's
         self.late = f"dpmpc{tag}"   # on no list: added to the roster while the hub runs
         self.made: list[str] = []
 
@@ -354,7 +361,7 @@ def finish_course(release: subprocess.Popen, course: Path, instructor: str) -> N
 def entered_by_everyone(path: Path) -> Iterator[None]:
     """Under CI, the folders above the checkout that other accounts cannot enter (a clone under
     /root, mode 700) may be entered (o+x: entered, not listed) while the test runs, and get
-    their modes back after it; elsewhere nothing changes, and users_python says what to do."""
+    their modes back after it; elsewhere nothing changes."""
     changed = []
     if os.environ.get("CI", "").lower() == "true":
         for folder in (path, *path.parents):
@@ -371,12 +378,13 @@ def entered_by_everyone(path: Path) -> Iterator[None]:
 
 @contextlib.contextmanager
 def checkout_private(path: Path) -> Iterator[None]:
-    """The checkout's private parts (hub.CHECKOUT_PRIVATE) closed to every other account while
-    the class runs, as a server's must be (the hub refuses to start otherwise), and their
-    modes given back after it."""
-    from dpmp_lab.instructor import hub
-
-    changed = [(part, stat.S_IMODE(part.stat().st_mode)) for part in hub.open_to_others(path)]
+    """The checkout closed to every other account while the class runs: learners are served
+    from their copy (learners_python), so nothing of the checkout may be read or entered by
+    them (but the interpreter .venv links to, which they run); the hub itself refuses to start
+    while its private parts (hub.CHECKOUT_PRIVATE) are open. The modes are given back after
+    it."""
+    changed = [(part, stat.S_IMODE(part.stat().st_mode)) for part in path.iterdir()
+               if part.name != ".venv" and stat.S_IMODE(part.stat().st_mode) & 0o077]
     for part, mode in changed:
         part.chmod(mode & 0o700)
     try:
@@ -401,8 +409,8 @@ def hub_class() -> Iterator[tuple[Hub, Accounts]]:
         try:
             release = start_course(base / "course")
             accounts.make()
-            python = users_python(accounts.learners[0], base)
-            phase("accounts and their Python")
+            python = learners_python(base, accounts.learners[0])
+            phase("accounts and the learners' copy")
             for learner in accounts.learners:
                 home = Path(pwd.getpwnam(learner).pw_dir)
                 for name, values in {**LAB_SETTINGS, "expose": None}.items():
@@ -756,14 +764,14 @@ def cpu_stat(user: str) -> dict[str, int]:
 
 
 # three processes spinning for 3 s; the CPU time they got, the seconds it took, the cores the
-# server was told it has
+# server was told it has, where its dpmp_lab comes from
 BUSY = ("import os, subprocess, sys, time\n"
         "spin = 'import time\\nend = time.time() + 3\\nwhile time.time() < end: pass'\n"
         "began = time.monotonic()\n"
         "[p.wait() for p in [subprocess.Popen([sys.executable, '-c', spin]) for _ in range(3)]]\n"
         "t = os.times()\n"
         "print(t.children_user + t.children_system, time.monotonic() - began,"
-        " os.environ['DPMP_LAB_CORES'])\n")
+        " os.environ['DPMP_LAB_CORES'], __import__('dpmp_lab').__file__)\n")
 
 
 def test_a_runaway_learner_is_held_to_the_limits_of_their_server(hub_class):
@@ -782,8 +790,9 @@ def test_a_runaway_learner_is_held_to_the_limits_of_their_server(hub_class):
     status, printed = in_kernel(hub, bob, BUSY)
     after = cpu_stat(bob)
     assert status == "ok", (status, printed)
-    spent, wall, cores = printed.split()
+    spent, wall, cores, package = printed.split()
     assert cores == "1"   # DPMP_LAB_CORES: the server's share, which its launches divide
+    assert package.startswith(str(hub.base / "learners")), package   # the learners' copy
     assert float(spent) < CPUS * float(wall) * 1.25, printed   # 3 spinning, 1 CPU's time
     quota = files.get("cpu.cfs_quota_us") or files["cpu.max"]
     assert quota.read_text().split()[0] == str(int(CPUS * 100_000)), quota

@@ -138,4 +138,14 @@ def learner_copy(dest: Path, *, root: Path | None = None) -> list[str]:
             shutil.copytree(source, dest / name, ignore=NOT_COPIED)
         elif source.is_file():
             shutil.copy2(source, dest / name)
+    readable_by_all(dest)
     return [name for name in LEARNER_FILES if (dest / name).exists()]
+
+
+def readable_by_all(folder: Path) -> None:
+    """Everything under `folder` readable (folders entered) by every account: a copy for
+    learners taken from a checkout closed to them would otherwise keep its closed modes."""
+    for path in (folder, *folder.rglob("*")):
+        if not path.is_symlink():
+            mode = path.stat().st_mode
+            path.chmod(mode | 0o444 | (0o111 if path.is_dir() or mode & 0o100 else 0))
