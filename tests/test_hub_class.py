@@ -717,7 +717,8 @@ def in_kernel(hub: Hub, user: str, code: str, timeout: float = 120) -> tuple[str
     async def run() -> tuple[str, str]:
         url = f"ws{hub.url[4:]}/user/{user}/api/kernels/{kernel['id']}/channels"
         ws = await websocket_connect(HTTPRequest(
-            url, headers={"Authorization": f"token {hub.token}"}))
+            url, headers={"Authorization": f"token {hub.token}"}, connect_timeout=timeout,
+            request_timeout=timeout))
         msg_id, printed = uuid.uuid4().hex, []
         ws.write_message(json.dumps({
             "header": {"msg_id": msg_id, "msg_type": "execute_request", "username": "test",
