@@ -31,7 +31,7 @@ provide_new_collective_names()   # torch 2.13's all_gather_single etc. on older 
 integrity.remember()             # what a rank's trace relies on, to tell if a rank changed it
 starting.warm_up_if_interactive()  # in a kernel: the forkserver starts now, not at the 1st launch
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "CommEvent",

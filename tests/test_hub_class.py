@@ -26,7 +26,8 @@ them it skips and says why, and under CI (CI=true) it fails instead.
 
 The single-user servers and the instructor's grading run from a learner's copy of the course
 (`dpmp-lab learner-copy`: the release and the package, no hidden test), as the guide says to
-serve learners, and the checkout the hub runs from is closed to every other account
+serve learners, and the checkout the hub runs from is closed to every other account but for its
+package (which the suite's own sandboxed grading beside this test reads) and .venv
 (learners_python: the copy's venv holds hard links to the checkout's installed packages, in
 place of an install of its own).
 Where the interpreter lives in a folder other users cannot enter (pyenv under /root), under CI
@@ -379,12 +380,14 @@ def entered_by_everyone(path: Path) -> Iterator[None]:
 @contextlib.contextmanager
 def checkout_private(path: Path) -> Iterator[None]:
     """The checkout closed to every other account while the class runs: learners are served
-    from their copy (learners_python), so nothing of the checkout may be read or entered by
-    them (but the interpreter .venv links to, which they run); the hub itself refuses to start
-    while its private parts (hub.CHECKOUT_PRIVATE) are open. The modes are given back after
-    it."""
+    from their copy (learners_python), so nothing of it may be read or entered by them but the
+    interpreter .venv links to, which they run, and the package (`dpmp_lab/`, what their copy
+    holds too), which every sandboxed grading on this machine reads as an account of its own
+    (the suite's, running beside this test); the hub itself refuses to start while its private
+    parts (hub.CHECKOUT_PRIVATE) are open. The modes are given back after it."""
     changed = [(part, stat.S_IMODE(part.stat().st_mode)) for part in path.iterdir()
-               if part.name != ".venv" and stat.S_IMODE(part.stat().st_mode) & 0o077]
+               if part.name not in (".venv", "dpmp_lab")
+               and stat.S_IMODE(part.stat().st_mode) & 0o077]
     for part, mode in changed:
         part.chmod(mode & 0o700)
     try:
