@@ -424,3 +424,14 @@ def test_the_systemd_unit_and_the_example_settings_are_the_checkouts(tmp_path):
     env[f"{hub.PREFIX}COURSE"] = str(course)
     made = HubSettings.from_env(env)
     assert made.memory == "8G" and made.cpus == 4 and made.cull_idle == 3600
+
+
+def test_a_server_is_not_started_where_no_cgroup_holds_its_memory(monkeypatch):
+    """LimitedSpawner refuses to start a server it could not limit, and says why."""
+    from dpmp_lab.instructor import hub_spawner, limits
+
+    me = pwd.getpwuid(os.getuid()).pw_name
+    spawner = hub_spawner.LimitedSpawner(user=SimpleNamespace(name=me), mem_limit="1G")
+    monkeypatch.setattr(limits, "cgroup_mounts", dict)   # a machine without cgroups
+    with pytest.raises(RuntimeError, match="would run without its memory limit"):
+        spawner.make_preexec_fn(me)
