@@ -28,7 +28,6 @@ import pwd
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -37,19 +36,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from dpmp_lab.instructor.hub_settings import memory_bytes  # noqa: E402
-from tests.browser_pages import wait_for  # noqa: E402
 from tests.test_hub_class import (  # noqa: E402
     Accounts,
     Hub,
     cgroup_files,
-    checkout_private,
-    entered_by_everyone,
+    class_hub,
     finish_course,
     in_kernel,
-    learners_python,
-    start_course,
     start_server,
-    stopped,
 )
 
 LAUNCH = ("import time\nimport dpmp_lab as dl\n"
@@ -108,59 +102,42 @@ def main() -> int:
     args = parser.parse_args()
     if os.geteuid() != 0:
         parser.error("run it as root: it makes accounts and starts a hub")
-    base = Path(tempfile.mkdtemp(prefix="dpmp-load-"))
-    base.chmod(0o755)
     accounts = Accounts(more=args.learners - 1)   # and the runaway, the last of them
-    hub = release = None
     out: dict = {"learners launching": args.learners, "runaways": 1, "memory": args.memory,
                  "cpus": args.cpus, "cores": os.cpu_count()}
-    with entered_by_everyone(ROOT), entered_by_everyone(Path(sys.base_prefix)), \
-            checkout_private(ROOT):
-        try:
-            release = start_course(base / "course")
-            accounts.make()
-            python = learners_python(base, accounts.learners[0])
-            hub = Hub(base, accounts, python)
-            wait_for(hub.ready, 60, f"the hub did not answer; see {hub.log_path}")
-            hub.restart(DPMP_LAB_HUB_MEMORY=args.memory,   # with this run's limits
-                        DPMP_LAB_HUB_CPUS=str(args.cpus))
-            finish_course(release, hub.course, accounts.instructor)
-            *learners, runaway = accounts.learners
-            began = time.monotonic()
-            with ThreadPoolExecutor(len(accounts.learners)) as pool:
-                list(pool.map(lambda u: start_server(hub, u), accounts.learners))
-            out["all servers started s"] = round(time.monotonic() - began, 1)
-            out["alone"] = launches(hub, learners[0])[1]
-            out["grading alone s"] = round(grading(hub, accounts, args.submissions), 1)
-            out["memory after one launch cell, MiB"] = memory_mb(learners[0])
-            with ThreadPoolExecutor(len(accounts.learners) + 1) as pool:
-                graded = pool.submit(grading, hub, accounts, args.submissions)
-                too_much = memory_bytes(args.memory) + 2**30
-                hog = pool.submit(in_kernel, hub, runaway,
-                                  f"hog = b'x' * {too_much}\nprint('survived')", 600)
-                loaded = list(pool.map(lambda u: launches(hub, u), learners))
-                out["grading under load s"] = round(graded.result(), 1)
-                out["runaway"] = hog.result()[0]
-            out["under load"] = [times for _, times in loaded]
-            out["statuses"] = sorted({status for status, _ in loaded})
-            print(json.dumps(out, indent=1), flush=True)
-            first = [t[0] for t in out["under load"] if t]
-            second = [t[1] for t in out["under load"] if t]
-            out["first launch, x alone (median)"] = round(
-                sorted(first)[len(first) // 2] / out["alone"][0], 2)
-            out["second launch, x alone (median)"] = round(
-                sorted(second)[len(second) // 2] / out["alone"][1], 2)
-            out["grading, x alone"] = round(out["grading under load s"]
-                                            / out["grading alone s"], 2)
-            out["memory per server, MiB"] = {u: memory_mb(u) for u in learners}
-            out["hub answers"] = hub.ready()
-        finally:
-            if release is not None:
-                stopped(release)
-            if hub is not None:
-                out["outlived the hub"] = hub.stop()
-            out["outlived the accounts"] = accounts.remove()
-            shutil.rmtree(base, ignore_errors=True)
+    outlived: list[str] = []
+    with class_hub(accounts, outlived, DPMP_LAB_HUB_MEMORY=args.memory,
+                   DPMP_LAB_HUB_CPUS=str(args.cpus)) as hub:
+        finish_course(hub.course_release, hub.course, accounts.instructor)
+        *learners, runaway = accounts.learners
+        began = time.monotonic()
+        with ThreadPoolExecutor(len(accounts.learners)) as pool:
+            list(pool.map(lambda u: start_server(hub, u), accounts.learners))
+        out["all servers started s"] = round(time.monotonic() - began, 1)
+        out["alone"] = launches(hub, learners[0])[1]
+        out["grading alone s"] = round(grading(hub, accounts, args.submissions), 1)
+        out["memory after one launch cell, MiB"] = memory_mb(learners[0])
+        with ThreadPoolExecutor(len(accounts.learners) + 1) as pool:
+            graded = pool.submit(grading, hub, accounts, args.submissions)
+            too_much = memory_bytes(args.memory) + 2**30
+            hog = pool.submit(in_kernel, hub, runaway,
+                              f"hog = b'x' * {too_much}\nprint('survived')", 600)
+            loaded = list(pool.map(lambda u: launches(hub, u), learners))
+            out["grading under load s"] = round(graded.result(), 1)
+            out["runaway"] = hog.result()[0]
+        out["under load"] = [times for _, times in loaded]
+        out["statuses"] = sorted({status for status, _ in loaded})
+        first = [t[0] for t in out["under load"] if t]
+        second = [t[1] for t in out["under load"] if t]
+        out["first launch, x alone (median)"] = round(
+            sorted(first)[len(first) // 2] / out["alone"][0], 2)
+        out["second launch, x alone (median)"] = round(
+            sorted(second)[len(second) // 2] / out["alone"][1], 2)
+        out["grading, x alone"] = round(out["grading under load s"]
+                                        / out["grading alone s"], 2)
+        out["memory per server, MiB"] = {u: memory_mb(u) for u in learners}
+        out["hub answers"] = hub.ready()
+    out["outlived the hub"] = outlived
     print(json.dumps(out, indent=1))
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))

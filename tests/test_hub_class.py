@@ -212,7 +212,7 @@ class Hub:
     CPUS, a roster it follows, and a config file of the server's own (DPMP_LAB_HUB_CONFIG)
     that gives the test an admin's token."""
 
-    def __init__(self, base: Path, accounts: Accounts, python: str) -> None:
+    def __init__(self, base: Path, accounts: Accounts, python: str, **env: str) -> None:
         self.base, self.course, self.exchange = base, base / "course", base / "exchange"
         self.state, self.roster = base / "state", base / "roster.csv"
         self.url = f"http://127.0.0.1:{free_port()}"
@@ -229,7 +229,7 @@ class Hub:
                         DPMP_LAB_HUB_GPUS="0,1", DPMP_LAB_HUB_PYTHON=python,
                         DPMP_LAB_HUB_PASSWORD=PASSWORD, DPMP_LAB_HUB_MEMORY=MEMORY,
                         DPMP_LAB_HUB_CPUS=str(CPUS), DPMP_LAB_HUB_ROSTER=str(self.roster),
-                        DPMP_LAB_HUB_CONFIG=str(self.config()))
+                        DPMP_LAB_HUB_CONFIG=str(self.config()), **env)
         self.ports = [f"--port={self.url.rsplit(':', 1)[1]}",
                       f"--JupyterHub.hub_port={free_port()}",
                       f"--ConfigurableHTTPProxy.api_url=http://127.0.0.1:{free_port()}"]
@@ -397,16 +397,16 @@ def checkout_private(path: Path) -> Iterator[None]:
             part.chmod(mode)
 
 
-@pytest.fixture(scope="module")
-def hub_class() -> Iterator[tuple[Hub, Accounts]]:
-    preconditions()
+@contextlib.contextmanager
+def class_hub(accounts: Accounts, failures: list[str], prepare=lambda accounts: None,
+              **env: str) -> Iterator[Hub]:
+    """The class's hub, answering: its course root (00_launch released while the hub starts,
+    `hub.course_release`), the accounts (`prepare` sets up their homes), the learners' copy,
+    the checkout closed to them; `env`: settings of the hub's. Afterwards everything stopped
+    and removed, and what outlived it added to `failures`."""
     base = Path(tempfile.mkdtemp(prefix="dpmp-hub-"))
     base.chmod(0o755)   # the accounts cross it to their Python, the exchange and the state
-    accounts, hub, release, failures = Accounts(), None, None, []
-    PHASES[:] = [Phases()]
-    # the accounts run .venv's own interpreter where CI lets them enter it (pyenv's, under
-    # /root): a system Python of another patch release reading .venv's packages is not what a
-    # server runs (soupsieve, which nbconvert's HTML export uses, needs CPython >= 3.11.5)
+    hub = release = None
     with entered_by_everyone(ROOT), entered_by_everyone(Path(sys.base_prefix)), \
             checkout_private(ROOT):
         try:
@@ -414,23 +414,12 @@ def hub_class() -> Iterator[tuple[Hub, Accounts]]:
             accounts.make()
             python = learners_python(base, accounts.learners[0])
             phase("accounts and the learners' copy")
-            for learner in accounts.learners:
-                home = Path(pwd.getpwnam(learner).pw_dir)
-                for name, values in {**LAB_SETTINGS, "expose": None}.items():
-                    if values is None:   # window.jupyterapp, to see when the kernel is ready
-                        path, text = home / ".jupyter" / "jupyter_server_config.json", (
-                            '{"LabApp": {"expose_app_in_browser": true}}')
-                    else:
-                        path = home / ".jupyter/lab/user-settings" / f"{name}.jupyterlab-settings"
-                        text = json.dumps(values)
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    path.write_text(text)
-                sh("chown", "-R", f"{learner}:{learner}", str(home / ".jupyter"))
-            hub = Hub(base, accounts, python)
-            hub.course_release = release   # it finishes while ada logs in
+            prepare(accounts)
+            hub = Hub(base, accounts, python, **env)
+            hub.course_release = release   # it finishes while the first learner logs in
             wait_for(hub.ready, 60, f"the hub did not answer; see {hub.log_path}")
             phase("the hub answers")
-            yield hub, accounts
+            yield hub
         finally:
             if release is not None:
                 stopped(release)
@@ -440,6 +429,32 @@ def hub_class() -> Iterator[tuple[Hub, Accounts]]:
             failures += [f"outlived the hub, run by a test account: {p}" for p in accounts.remove()]
             shutil.rmtree(base, ignore_errors=True)
             phase("everything stopped and removed")
+
+
+def lab_settings(accounts: Accounts) -> None:
+    """The learners' JupyterLab settings the browser needs (browser_pages.LAB_SETTINGS), and
+    window.jupyterapp exposed, to see when the kernel is ready."""
+    for learner in accounts.learners:
+        home = Path(pwd.getpwnam(learner).pw_dir)
+        for name, values in {**LAB_SETTINGS, "expose": None}.items():
+            if values is None:
+                path, text = home / ".jupyter" / "jupyter_server_config.json", (
+                    '{"LabApp": {"expose_app_in_browser": true}}')
+            else:
+                path = home / ".jupyter/lab/user-settings" / f"{name}.jupyterlab-settings"
+                text = json.dumps(values)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        sh("chown", "-R", f"{learner}:{learner}", str(home / ".jupyter"))
+
+
+@pytest.fixture(scope="module")
+def hub_class() -> Iterator[tuple[Hub, Accounts]]:
+    preconditions()
+    accounts, failures = Accounts(), []
+    PHASES[:] = [Phases()]
+    with class_hub(accounts, failures, prepare=lab_settings) as hub:
+        yield hub, accounts
     assert failures == []
 
 
