@@ -301,13 +301,17 @@ def test_another_authenticator_and_the_servers_own_config_plug_in(tmp_path):
         settings(tmp_path, extra_config=extra)
 
 
-def test_a_roster_without_accounts_or_with_a_bad_name_is_refused(tmp_path):
+def test_a_roster_without_accounts_a_bad_name_or_open_to_all_is_refused(tmp_path):
     roster = tmp_path / "roster.csv"
     roster.write_text("first_name,email\nAda,a@x.edu\n")
     with pytest.raises(HubConfigError, match="no `id` column"):
         settings(tmp_path, roster=roster)
     roster.write_text("id\nada\nrobert'); drop\n")
     with pytest.raises(HubConfigError, match="not a user name: robert"):
+        settings(tmp_path, roster=roster)
+    roster.write_text("id\nada\n")
+    roster.chmod(0o666)   # a learner could add strangers or remove the others
+    with pytest.raises(HubConfigError, match="any account may write it"):
         settings(tmp_path, roster=roster)
 
 

@@ -229,8 +229,13 @@ def memory_bytes(text: str) -> int:
 
 def read_roster(path: Path) -> tuple[str, ...]:
     """The accounts of a roster CSV (nbgrader's `db student import` form: an `id` column, the
-    account a learner logs in with; other columns are nbgrader's), in the file's order."""
+    account a learner logs in with; other columns are nbgrader's), in the file's order. One
+    that any account may write is refused: a learner could let strangers in, or put everyone
+    else out (the follower stops the servers of whoever leaves it)."""
     try:
+        if path.stat().st_mode & 0o002:
+            raise HubConfigError(f"{PREFIX}ROSTER={path}: any account may write it: `chmod o-w "
+                                 f"{path}`")
         with open(path, newline="", encoding="utf-8") as f:
             reader = csv.DictReader(f)
             rows, columns = list(reader), reader.fieldnames or ()
