@@ -229,7 +229,8 @@ class Hub:
                         DPMP_LAB_HUB_GPUS="0,1", DPMP_LAB_HUB_PYTHON=python,
                         DPMP_LAB_HUB_PASSWORD=PASSWORD, DPMP_LAB_HUB_MEMORY=MEMORY,
                         DPMP_LAB_HUB_CPUS=str(CPUS), DPMP_LAB_HUB_ROSTER=str(self.roster),
-                        DPMP_LAB_HUB_CONFIG=str(self.config()), **env)
+                        DPMP_LAB_HUB_CONFIG=str(self.config()))
+        self.env.update(env)
         self.ports = [f"--port={self.url.rsplit(':', 1)[1]}",
                       f"--JupyterHub.hub_port={free_port()}",
                       f"--ConfigurableHTTPProxy.api_url=http://127.0.0.1:{free_port()}"]
