@@ -1,5 +1,5 @@
 """The `dpmp-lab` command: `doctor` checks this machine, `lab` opens the course in JupyterLab,
-`release` regenerates course/ from solutions/, `learner-copy` lays out a course for learners,
+`release` regenerates course/ from solutions/ (`translations` keeps its catalogues), `learner-copy` lays out a course for learners,
 `grade` autogrades submissions in parallel, each in a sandbox (nbgrader), `report` says what a
 class got wrong, `grades` shows every learner's scores (as `nbgrader export`
 writes them)."""
@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 import dpmp_lab as dl
+from dpmp_lab import i18n
 from dpmp_lab._helpers import PACKAGE_HOME
 from dpmp_lab.instructor import course, sandbox
 from dpmp_lab.instructor.limits import Limits
@@ -142,6 +143,8 @@ def release(args: argparse.Namespace) -> int:
             return 2
     try:
         names = course.release(args.names or None, root=root)
+        if args.lang != i18n.SOURCE:
+            course.translated_release(names, args.lang, root=root, partial=args.partial)
     except ValueError as exc:
         print(f"dpmp-lab release: {exc}", file=sys.stderr)
         return 2
@@ -154,7 +157,30 @@ def release(args: argparse.Namespace) -> int:
     for name in names:
         print(f"{root / 'course' / name} regenerated from {root / 'solutions' / name}"
               + (f", due {due:%Y-%m-%d %H:%M} UTC" if due is not None else ""))
+        if args.lang != i18n.SOURCE:
+            print(f"{course.release_folder(root, args.lang) / name} written from it in "
+                  f"{i18n.NAMES[args.lang]}")
     return 0
+
+
+def translations(args: argparse.Namespace) -> int:
+    """Bring the catalogues of a language in step with solutions/ (update: all of them), and
+    list what the named notebooks' lack (check: exit 1 when anything is)."""
+    root = args.root or course.repo_root()
+    try:
+        if args.action == "update":
+            course.update_translations(args.lang, root=root)
+        names = args.names or course.assignments(root)
+        lacking = course.untranslated(names, args.lang, root=root)
+    except ValueError as exc:
+        print(f"dpmp-lab translations: {exc}", file=sys.stderr)
+        return 2
+    for line in lacking:
+        print(line)
+    print(f"{i18n.NAMES[args.lang]}: {len(lacking)} pieces lack a translation in "
+          f"{len(names)} notebooks" if lacking else
+          f"{i18n.NAMES[args.lang]}: every piece of {len(names)} notebooks is translated")
+    return 1 if lacking and args.action == "check" else 0
 
 
 def learner_copy(args: argparse.Namespace) -> int:
@@ -278,8 +304,22 @@ def main(argv: list[str] | None = None) -> int:
                    help="the named assignments' due date in the gradebook, as nbgrader reads "
                         "it (\"2026-12-15 17:00 Europe/Berlin\"; UTC without a zone): a later "
                         "hand-in gets the course's late penalty")
+    p.add_argument("--lang", choices=i18n.LANGUAGES, default=i18n.SOURCE,
+                   help="also write the release in this language, course-LANG/ beside "
+                        "course/ (the same assignments and points; default: en, English only)")
+    p.add_argument("--partial", action="store_true",
+                   help="with --lang: release even where a catalogue lacks a translation "
+                        "(English left there), to look at a translation in progress")
     _root_option(p)
     p.set_defaults(func=release)
+    p = sub.add_parser("translations", help="the catalogues of a language: update them from "
+                       "solutions/, or check what they lack")
+    p.add_argument("action", choices=["update", "check"])
+    p.add_argument("names", nargs="*", help="assignments (default: all)")
+    p.add_argument("--lang", choices=i18n.LANGUAGES[1:], default="ja",
+                   help="the language (default: ja)")
+    _root_option(p)
+    p.set_defaults(func=translations)
     p = sub.add_parser("learner-copy", help="a copy of the course for learners (no "
                        "solutions/, tests/ or gradebook)")
     p.add_argument("dest", type=Path, help="a new folder")

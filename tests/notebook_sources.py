@@ -4,6 +4,7 @@ tests read them (one place, so that no test module imports another)."""
 from __future__ import annotations
 
 import copy
+import functools
 import importlib.util
 
 import nbformat
@@ -44,3 +45,13 @@ def with_replacements(nb: nbformat.NotebookNode, replace: dict[str, str]) -> nbf
         if grade_id in replace:
             cell.source = replace[grade_id].strip()
     return nb
+
+
+@functools.cache
+def translated(language: str) -> tuple[str, ...]:
+    """The notebooks whose catalogues in `language` lack nothing (dpmp_lab.i18n.problems)."""
+    from dpmp_lab import i18n
+    from dpmp_lab.instructor.course import assignments
+
+    return tuple(name for name in assignments(ROOT)
+                 if not i18n.problems(source_notebook(name), language, name))

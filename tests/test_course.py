@@ -30,7 +30,13 @@ from dpmp_lab.instructor import course
 from dpmp_lab.instructor.nbgrader_steps import Step
 
 from .conftest import ROOT, stray_processes
-from .notebook_sources import cells_by_kind, source_notebook, variants, with_replacements
+from .notebook_sources import (
+    cells_by_kind,
+    source_notebook,
+    translated,
+    variants,
+    with_replacements,
+)
 
 # Grading every submission of every assignment takes many minutes on 2 cores; the fixture's
 # time counts against the first test that uses it.
@@ -476,6 +482,16 @@ def in_one_job(name: str) -> list[int]:
     return [i for i, v in enumerate(variants(name)) if not writes_into_the_grader(name, v)]
 
 
+@functools.cache
+def in_japanese(name: str) -> int | None:
+    """The variant graded in Japanese too, where `name`'s Japanese catalogue is complete: the
+    first whose visible test fails with a check's message (the words a learner reads)."""
+    if name not in translated("ja"):
+        return None
+    return next((i for i, v in enumerate(variants(name))
+                 if v.get("visible") and not writes_into_the_grader(name, v)), None)
+
+
 def _submit(root: Path, student: str, name: str, nb: nbformat.NotebookNode) -> None:
     folder = root / "submitted" / student / name
     folder.mkdir(parents=True)
@@ -499,6 +515,12 @@ def _round_trip(root: Path, name: str) -> dict:
     for i in by_nbgrader(name):
         _submit(root, f"variant{i:02d}", name,
                 with_replacements(source_notebook(name), variants(name)[i]["replace"]))
+    if in_japanese(name) is not None:   # as a learner of the Japanese release hands it in
+        from dpmp_lab import i18n
+
+        mistake = variants(name)[in_japanese(name)]["replace"]
+        wrong = with_replacements(source_notebook(name), mistake)
+        _submit(root, "ja", name, i18n.translate(wrong, "ja", name))
     course.nbgrader_steps([   # one process, as `dpmp-lab grade` runs a job
         Step(("generate_assignment", name, "--force")),   # dpmp-lab release's step
         Step(("autograde", name, "--create"), {"DPMP_LAB_DEVICE_AUDIT": "1"}),
@@ -904,6 +926,41 @@ def test_feedback_is_generated_and_explains_the_mistake(graded, name):
         pages.append(page.read_text())
     assert not pages or any("Likely mistake" in p or "expected" in p or "Tampering" in p
                             for p in pages)
+
+
+JAPANESE = re.compile(r"[\u3040-\u30ff\u4e00-\u9fff]")
+
+
+@pytest.mark.parametrize("name", [n for n in ASSIGNMENTS if in_japanese(n) is not None])
+def test_a_japanese_hand_in_is_graded_alike_and_fed_back_in_japanese(graded, name):
+    """The same cells lost as in English; the graded notebook's locked cells, the failing
+    test's message and the feedback in Japanese, no hidden line in it (in either language)."""
+    import html
+
+    from dpmp_lab import i18n
+    from dpmp_lab.instructor.nbgrader_plugin import hidden_lines
+
+    variant = variants(name)[in_japanese(name)]
+    lost = {cell for cell, (score, top) in scores_of(graded, name, "ja").items() if score < top}
+    assert lost == set(variant["loses"])
+    root = graded["roots"][name]
+    graded_nb = nbformat.read(root / "autograded" / "ja" / name / f"{name}.ipynb", as_version=4)
+    assert i18n.language_of(graded_nb) == "ja"
+    first = next(c for c in graded_nb.cells if c.cell_type == "markdown")
+    assert JAPANESE.search(first.source), first.source[:200]
+    failing = [c for c in graded_nb.cells if c.metadata.get("nbgrader", {}).get("grade_id")
+               in variant["visible"]]
+    for cell in failing:
+        shown = "".join(o.get("evalue", "") + "".join(o.get("traceback", []))
+                        for o in cell.outputs if o.output_type == "error")
+        assert JAPANESE.search(shown), f"{name} {cell.metadata.nbgrader.grade_id}: {shown[-400:]}"
+    page = root / "feedback" / "ja" / name / f"{name}.html"
+    text = html.unescape(re.sub(r"<[^>]+>", "", page.read_text()))
+    assert JAPANESE.search(text)
+    hidden = (hidden_lines(source_notebook(name))
+              | hidden_lines(i18n.translate(source_notebook(name), "ja", name)))
+    leaked = [line for line in hidden if line in text]
+    assert not leaked, leaked[:3]
 
 
 def test_a_learners_copy_holds_the_release_and_no_hidden_test(tmp_path, capsys, monkeypatch):

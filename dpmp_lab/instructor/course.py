@@ -16,7 +16,9 @@ import subprocess
 import sys
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
+from dpmp_lab import i18n
 from dpmp_lab._helpers import PACKAGE_HOME, tail
 from dpmp_lab.instructor.nbgrader_steps import Step, command
 
@@ -104,6 +106,73 @@ def release(names: list[str] | None = None, *, root: Path | None = None,
     extra = ("--no-db", f"--CourseDirectory.release_directory={into}") if into else ()
     nbgrader_steps([Step(("generate_assignment", name, "--force", *extra)) for name in names],
                    root=root, capture=True)
+    return names
+
+
+def release_folder(root: Path, language: str = "en") -> Path:
+    """Where the release in `language` lives: course/ for English (nbgrader's release
+    directory), course-<language>/ beside it for a translation."""
+    return root / ("course" if language == i18n.SOURCE else f"course-{language}")
+
+
+def _solution(root: Path, name: str) -> Any:
+    import nbformat
+
+    return nbformat.read(root / "solutions" / name / f"{name}.ipynb", as_version=4)
+
+
+def update_translations(language: str, *, root: Path | None = None) -> None:
+    """Every catalogue of `language` in step with every notebook of solutions/."""
+    root = root or repo_root()
+    every = {name: _solution(root, name) for name in assignments(root)}
+    for domain, po in i18n.update(language, every).items():
+        path = i18n.catalogue_path(language, domain)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        po.save(str(path))
+
+
+def untranslated(names: list[str], language: str, *, root: Path | None = None) -> list[str]:
+    """What the catalogues of `language` lack for the assignments `names` (one line each)."""
+    root = root or repo_root()
+    unknown = sorted(set(names) - set(assignments(root)))
+    if unknown:
+        raise ValueError(no_such_assignment(unknown, root))
+    return [line for name in names
+            for line in i18n.problems(_solution(root, name), language, name)]
+
+
+def translated_release(names: list[str], language: str, *, root: Path | None = None,
+                       partial: bool = False) -> list[str]:
+    """Write course-<language>/NN_name from course/NN_name (the English release, which must be
+    current) through the language's catalogues: the same cells, grade ids and points, the text
+    in `language`, each translated locked cell's checksum its own (nbgrader's Validate checks
+    them; autograde puts the gradebook's English back and the grader translates it again).
+    Refused while a catalogue lacks a translation, unless `partial` (English left there)."""
+    import nbformat
+    from nbgrader.utils import compute_checksum
+
+    root = root or repo_root()
+    lacking = untranslated(names, language, root=root)
+    if lacking and not partial:
+        raise ValueError(f"the {i18n.NAMES[language]} catalogues lack {len(lacking)} "
+                         "translations:\n  " + "\n  ".join(lacking[:20])
+                         + ("\n  ..." if len(lacking) > 20 else "")
+                         + "\n(`dpmp-lab translations update` brings them in step with the "
+                         "notebooks; --partial releases with English where they lack one)")
+    for name in names:
+        english = release_folder(root) / name
+        target = release_folder(root, language) / name
+        if target.exists():
+            shutil.rmtree(target)
+        shutil.copytree(english, target, ignore=NOT_COPIED)
+        for path in sorted(target.glob("*.ipynb")):
+            nb = i18n.translate(nbformat.read(path, as_version=4), language, name,
+                                strict=not partial)
+            for cell in nb.cells:
+                meta = cell.metadata.get("nbgrader", {})
+                if "checksum" in meta:
+                    meta["checksum"] = compute_checksum(cell)
+            nbformat.write(nb, path)
     return names
 
 

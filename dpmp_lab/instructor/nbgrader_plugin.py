@@ -9,6 +9,12 @@ back. nbgrader_config.py calls `configure(c)`; `dpmp-lab grade` adds one job's s
   escape hatch) zeroes every graded cell with the reasons as its error, without running the
   notebook, and is written to the job's report, from which `dpmp-lab grade` flags the
   submission for manual grading.
+- `InTheLearnersLanguage` ends autograde's sanitizing: nbgrader's OverwriteCells has put the
+  gradebook's English back into every locked cell; a notebook released in another language
+  (its metadata says which, checked against dpmp_lab.i18n.LANGUAGES) gets those cells in that
+  language again, from the grader's own catalogues, so its tests fail with messages, and its
+  feedback reads, in the learner's language. GuardedExecute counts such a cell as the
+  notebook's own: its source is the gradebook's, translated by the grader.
 - `HideHiddenTests` runs in generate_feedback: it removes the hidden tests from the cells
   (nbgrader's ClearHiddenTests) and masks every line of them wherever it appears in an
   output (a traceback of a failed hidden assert prints its line), so feedback never carries
@@ -32,9 +38,10 @@ from nbclient.util import ensure_async
 from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
 from nbgrader.api import Gradebook, MissingEntry
 from nbgrader.converters import Autograde
-from nbgrader.preprocessors import ClearHiddenTests, Execute, GetGrades
+from nbgrader.preprocessors import ClearHiddenTests, Execute, GetGrades, NbGraderPreprocessor
 from traitlets import Bool, Integer, Unicode
 
+from dpmp_lab import i18n
 from dpmp_lab.harness.plan import Kind, Plan, plan
 from dpmp_lab.instructor import inert, scan
 from dpmp_lab.instructor.grades_export import GradesExport
@@ -78,19 +85,35 @@ def split_cells(nb: Any, own: dict[str, str] | None = None) -> tuple[list, list,
     return mine, given, tests
 
 
-def own_cells(resources: Any) -> dict[str, str] | None:
+def own_cells(resources: Any, language: str = i18n.SOURCE) -> dict[str, str] | None:
     """{grade_id: source} of the assignment's locked cells, as the gradebook holds them (what
-    nbgrader's OverwriteCells put back), or None outside an autograde."""
+    nbgrader's OverwriteCells put back) in `language` (as InTheLearnersLanguage writes them),
+    or None outside an autograde."""
     info = (resources or {}).get("nbgrader") or {}
     if not info.get("db_url") or not info.get("notebook"):
         return None
     try:
         with Gradebook(info["db_url"]) as gb:
             notebook = gb.find_notebook(info["notebook"], info["assignment"])
-            return {c.name: c.source for c in notebook.source_cells
-                    if c.locked and c.cell_type == "code"}
+            return {c.name: i18n.translate_source("code", c.source, language, info["notebook"])
+                    for c in notebook.source_cells if c.locked and c.cell_type == "code"}
     except MissingEntry:
         return None
+
+
+class InTheLearnersLanguage(NbGraderPreprocessor):
+    """The locked cells nbgrader restored in English, written in the notebook's language."""
+
+    def preprocess(self, nb: Any, resources: Any) -> tuple[Any, Any]:
+        language = i18n.language_of(nb)
+        domain = resources["nbgrader"]["notebook"]
+        if language != i18n.SOURCE:
+            for cell in nb.cells:
+                meta = cell.metadata.get("nbgrader", {})
+                if meta.get("locked") and not meta.get("solution"):
+                    cell.source = i18n.translate_source(cell.cell_type, cell.source, language,
+                                                        domain)
+        return nb, resources
 
 
 def _fails(out: Any) -> bool:
@@ -153,7 +176,7 @@ class GuardedExecute(Execute):
         NotebookClient.__init__(self, nb, km)
         self.reset_execution_trackers()
         self._check_assign_resources(resources)
-        mine, given, tests = split_cells(nb, own_cells(resources))
+        mine, given, tests = split_cells(nb, own_cells(resources, i18n.language_of(nb)))
         self._bytes = {}
         self.found = {"sandbox": self.sandbox, "limit": None, "forgery": [], "harness": True}
         # read before anything runs: a notebook the scan flags scores zero whatever it would
@@ -313,6 +336,8 @@ def configure(c: Any, job: dict | None = None) -> None:
     sandbox hides, output limits, where to write its report)."""
     c.Autograde.autograde_preprocessors = autograde_preprocessors(
         Autograde.class_traits()["autograde_preprocessors"].default())
+    c.Autograde.sanitize_preprocessors = (
+        Autograde.class_traits()["sanitize_preprocessors"].default() + [InTheLearnersLanguage])
     c.GenerateFeedback.preprocessors = feedback_preprocessors()
     inert.configure(c)   # the feedback page's CSP, formgrader's page
     c.ExportApp.plugin_class = GradesExport   # plain `nbgrader export` writes dpmp_lab's CSV
@@ -327,6 +352,7 @@ def configure(c: Any, job: dict | None = None) -> None:
             setattr(c.SandboxedKernelManager, key, job[key])
 
 
-__all__ = ["GradesExport", "GuardedExecute", "HideHiddenTests", "OutputLimitExceeded",
+__all__ = ["GradesExport", "GuardedExecute", "HideHiddenTests", "InTheLearnersLanguage",
+           "OutputLimitExceeded",
            "autograde_preprocessors", "configure", "feedback_preprocessors", "hidden_lines",
            "map_output_text", "mark_forged", "mask_output", "split_cells"]

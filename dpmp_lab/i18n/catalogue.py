@@ -1,0 +1,193 @@
+"""The translations of the course: one gettext catalogue per notebook and language
+(`dpmp_lab/i18n/<lang>/<notebook>.po`), and `common.po` for what every notebook shares
+(nbgrader's "YOUR CODE HERE").
+
+The English notebooks in solutions/ are the source. `update` brings a catalogue in step with
+its notebook: a new piece comes in untranslated, a piece whose English changed comes back
+marked fuzzy with the old translation beside it (a translator's tool lists both), and a piece
+no longer in the notebook is kept as obsolete. `problems` says what a release in that language
+would lack; `translate` writes the notebook in another language.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+from pathlib import Path
+from typing import Any
+
+import polib
+
+from dpmp_lab.i18n.units import Piece, differs, fields, hint_tags, pieces, put_back
+
+HERE = Path(__file__).resolve().parent
+SOURCE = "en"
+LANGUAGES = ("en", "ja")
+COMMON = "common"
+NAMES = {"en": "English", "ja": "日本語"}
+# what nbgrader writes into a release in place of a solution (nbgrader_config.py's stubs)
+STUBS = (("comment", "YOUR CODE HERE"), ("markdown", "YOUR ANSWER HERE"))
+
+
+def catalogue_path(language: str, domain: str) -> Path:
+    if language not in LANGUAGES or language == SOURCE:
+        raise ValueError(f"no catalogue for language {language!r}: "
+                         f"translations exist for {', '.join(LANGUAGES[1:])}")
+    return HERE / language / f"{domain}.po"
+
+
+def load(language: str, domain: str) -> polib.POFile:
+    path = catalogue_path(language, domain)
+    return polib.pofile(str(path), wrapwidth=0) if path.exists() else _new(language)
+
+
+def _new(language: str) -> polib.POFile:
+    po = polib.POFile(wrapwidth=0)
+    po.metadata = {"Project-Id-Version": "dpmp_lab", "Language": language,
+                   "MIME-Version": "1.0", "Content-Type": "text/plain; charset=UTF-8",
+                   "Content-Transfer-Encoding": "8bit"}
+    return po
+
+
+def notebook_pieces(nb: Any) -> list[tuple[str, Piece]]:
+    """(where, piece) for every piece of `nb`: where is the cell's grade id, or its index."""
+    out = []
+    for index, cell in enumerate(nb.cells):
+        where = cell.metadata.get("nbgrader", {}).get("grade_id") or f"cell {index}"
+        out += [(where, piece) for piece in pieces(cell.cell_type, cell.source)]
+    return out
+
+
+def _entry(msgid: str, kind: str, places: list[str], known: dict[str, polib.POEntry],
+           stale: dict[str, polib.POEntry]) -> polib.POEntry:
+    entry = known.get(msgid)
+    if entry is None:
+        entry = polib.POEntry(msgid=msgid, msgstr="")
+        near = difflib.get_close_matches(msgid, list(stale), n=1, cutoff=0.6)
+        if near:   # the English changed: the old translation, to be looked at again
+            entry.msgstr = stale.pop(near[0]).msgstr
+            entry.previous_msgid = near[0]
+            entry.flags = ["fuzzy"]
+    else:
+        entry = copy.copy(entry)
+        entry.obsolete = False
+    entry.occurrences = [(place, "") for place in places]
+    entry.comment = kind
+    return entry
+
+
+def update(language: str, notebooks: dict[str, Any]) -> dict[str, polib.POFile]:
+    """Every catalogue of `language` in step with `notebooks` ({name: the English notebook}):
+    {domain: catalogue}. A piece found in two notebooks or more goes to COMMON, the others to
+    their notebook's; a translation follows its piece from one file to another; a piece whose
+    English changed gets the nearest lost translation, marked fuzzy; a lost translation stays,
+    obsolete, in the file that had it."""
+    old = {domain: load(language, domain) for domain in [*notebooks, COMMON]}
+    known = {e.msgid: e for po in old.values() for e in po if e.msgstr}
+    found: dict[str, dict[str, tuple[str, list[str]]]] = {}
+    for name, nb in notebooks.items():
+        for where, piece in notebook_pieces(nb):
+            kind, places = found.setdefault(piece.text, {}).setdefault(name, (piece.kind, []))
+            places.append(f"{name}:{where}")
+    for kind, text in STUBS:
+        found[text] = {"(nbgrader)": (kind, ["nbgrader_config.py"]), "(release)": (kind, [])}
+    wanted = set(found)
+    out = {}
+    for domain, po in old.items():
+        fresh = _new(language)
+        fresh.metadata.update(po.metadata)
+        stale = {e.msgid: e for e in po if e.msgstr and e.msgid not in wanted}
+        for msgid, by_notebook in found.items():
+            shared = len(by_notebook) > 1
+            if (domain == COMMON) != shared or (not shared and domain not in by_notebook):
+                continue
+            kind = next(iter(by_notebook.values()))[0]
+            places = [p for _, ps in by_notebook.values() for p in dict.fromkeys(ps)]
+            fresh.append(_entry(msgid, kind, places, known, stale))
+        for entry in stale.values():
+            entry.obsolete, entry.occurrences = True, []
+            fresh.append(entry)
+        out[domain] = fresh
+    return out
+
+
+def entry_problem(entry: polib.POEntry) -> str | None:
+    """What is wrong with one translated entry, or None."""
+    if not entry.msgstr:
+        return "not translated"
+    if "fuzzy" in entry.flags:
+        return "its English changed since it was translated (fuzzy)"
+    if entry.comment == "string" and sorted(fields(entry.msgid)) != sorted(fields(entry.msgstr)):
+        return "the translation's replacement fields differ from the English ones"
+    if hint_tags(entry.msgid) != hint_tags(entry.msgstr):
+        return "the translation's [hint: ...] tags differ from the English ones"
+    return None
+
+
+def problems(nb: Any, language: str, domain: str) -> list[str]:
+    """What a release of `nb` in `language` would lack: each piece untranslated, stale or with
+    broken fields, and each cell whose translation would not run as the English does."""
+    po, common = load(language, domain), load(language, COMMON)
+    entries = {e.msgid: e for e in [*common, *po] if not e.obsolete}
+    out = []
+    for where, piece in notebook_pieces(nb):
+        entry = entries.get(piece.text)
+        why = entry_problem(entry) if entry is not None else "not in the catalogue"
+        if why:
+            out.append(f"{domain} {where}: {why}: {piece.text[:70]!r}")
+    for index, cell in enumerate(translate(nb, language, domain, strict=False).cells):
+        if cell.cell_type == "code":
+            why = differs(nb.cells[index].source, cell.source)
+            if why:
+                out.append(f"{domain} cell {index}: {why}")
+    return out
+
+
+def translator(language: str, domain: str, strict: bool = True):
+    """piece -> its translation (None: keep the English), from the catalogues of `domain` and
+    COMMON; `strict`: only entries without a problem."""
+    entries = {e.msgid: e for e in [*load(language, COMMON), *load(language, domain)]
+               if not e.obsolete and e.msgstr}
+
+    def translate_piece(piece: Piece) -> str | None:
+        entry = entries.get(piece.text)
+        if entry is None or (strict and entry_problem(entry)):
+            return None
+        return entry.msgstr
+    return translate_piece
+
+
+def translate(nb: Any, language: str, domain: str, strict: bool = True) -> Any:
+    """A copy of `nb` in `language` (English where a piece has no usable translation), its
+    metadata saying which: `metadata.dpmp_lab.language`."""
+    out = copy.deepcopy(nb)
+    out.metadata.setdefault("dpmp_lab", {})["language"] = language
+    if language == SOURCE:
+        return out
+    piece_in = translator(language, domain, strict)
+    for cell in out.cells:
+        found = pieces(cell.cell_type, cell.source)
+        if found:
+            cell.source = put_back(cell.source, found, piece_in)
+    return out
+
+
+def translate_source(cell_type: str, source: str, language: str, domain: str) -> str:
+    """One cell's source in `language` (the grader's way back from the gradebook's English)."""
+    if language == SOURCE:
+        return source
+    found = pieces(cell_type, source)
+    return put_back(source, found, translator(language, domain)) if found else source
+
+
+def language_of(nb: Any) -> str:
+    """The language a notebook was released in (English when its metadata names none or one
+    this package has no catalogue for: the metadata is the learner's to change)."""
+    meta = nb.metadata.get("dpmp_lab", {})
+    language = meta.get("language") if isinstance(meta, dict) else None
+    return language if language in LANGUAGES else SOURCE
+
+
+__all__ = ["COMMON", "LANGUAGES", "NAMES", "SOURCE", "catalogue_path", "entry_problem",
+           "language_of", "load", "notebook_pieces", "problems", "translate",
+           "translate_source", "translator", "update"]

@@ -1,0 +1,174 @@
+"""The course in Japanese from the English source: what is cut out for translators, how it is
+put back, and the catalogues against the notebooks (dpmp_lab/i18n)."""
+
+from __future__ import annotations
+
+import csv
+import re
+
+import nbformat
+import polib
+import pytest
+
+from dpmp_lab import i18n
+from dpmp_lab.i18n import units
+from dpmp_lab.instructor.course import assignments, repo_root
+
+from .notebook_sources import translated
+
+ROOT = repo_root()
+# the notebooks whose Japanese catalogue is complete: every piece translated, none stale
+TRANSLATED: dict[str, list[str]] = {"ja": []}
+
+
+def solution(name: str) -> nbformat.NotebookNode:
+    return nbformat.read(ROOT / "solutions" / name / f"{name}.ipynb", as_version=4)
+
+
+# --- cutting and putting back -----------------------------------------------------------------
+
+def test_a_markdown_cell_is_cut_at_blank_lines_and_code_and_formulas_stay():
+    fence = "```python\nx = 1\n\nprint('a b')\n```"
+    source = f"# Title\n\nOne line\nand its next.\n\n{fence}\n\n---\n\n$$a+b$$"
+    texts = [p.text for p in units.markdown_pieces(source)]
+    assert texts == ["# Title", "One line\nand its next."]
+    back = units.put_back(source, units.markdown_pieces(source), lambda p: p.text.upper())
+    assert back == f"# TITLE\n\nONE LINE\nAND ITS NEXT.\n\n{fence}\n\n---\n\n$$a+b$$"
+
+
+CODE = '''\
+def check(n: int) -> None:
+    """Say what is wrong with n."""
+    total = {"grad x": 1}["grad x"]          # a key: data
+    if mode == "fast path":                  # compared: data
+        print("as expected:", n)
+    assert n > 0, (f"n = {n!r} is not positive "
+                   "[hint: x.positive]")
+    raise ValueError(f"{n} of {total:.2f} is wrong")
+'''
+
+
+def test_what_a_learner_reads_is_cut_out_and_data_is_not():
+    kinds = [(p.kind, p.text) for p in units.code_pieces(CODE)]
+    assert kinds == [
+        ("string", "Say what is wrong with n."),
+        ("comment", "a key: data"),
+        ("comment", "compared: data"),
+        ("string", "as expected:"),
+        ("string", "n = {n!r} is not positive [hint: x.positive]"),
+        ("string", "{n} of {total:.2f} is wrong")]
+
+
+def test_a_translation_keeps_the_code_and_its_fields_and_a_long_string_spans_lines():
+    ja = {"Say what is wrong with n.": "n の誤りを言います。",
+          "as expected:": "期待どおり：",
+          "n = {n!r} is not positive [hint: x.positive]":
+              "n = {n!r} は正ではありません。正の数でなければ次の計算に進めないため、ここで止めます "
+              "[hint: x.positive]",
+          "{n} of {total:.2f} is wrong": "{total:.2f} のうち {n} が違います"}
+    out = units.put_back(CODE, units.code_pieces(CODE), lambda p: ja.get(p.text))
+    assert units.differs(CODE, out) is None
+    namespace: dict = {"mode": "slow"}
+    exec(compile(out, "<ja>", "exec"), namespace)
+    with pytest.raises(AssertionError, match=r"n = -1 は正ではありません。.*\[hint: x.positive\]"):
+        namespace["check"](-1)
+    with pytest.raises(ValueError, match="1.00 のうち 3 が違います"):
+        namespace["check"](3)
+    assert namespace["check"].__doc__ == "n の誤りを言います。"
+    assert max(len(line) for line in out.splitlines()) < 100
+
+
+def test_differs_names_a_translation_that_would_run_other_code():
+    assert units.differs(CODE, CODE.replace("n > 0", "n >= 0")) == (
+        "the code differs, not only its text")
+    assert "is data" in units.differs(CODE, CODE.replace('"fast path"', '"速い"'))
+    assert "replacement fields" in units.differs(CODE, CODE.replace("{n!r}", "{n}"))
+    assert units.differs(CODE, CODE.replace("as expected:", "期待どおり")) is None
+
+
+def test_magics_and_shell_lines_are_read_around():
+    source = "%%distributed 2\nprint('rank says hello')  # a comment\n!ls\n"
+    assert [p.text for p in units.code_pieces(source)] == ["rank says hello", "a comment"]
+
+
+def test_template_parts_keep_a_nested_field_whole():
+    parts = units.template_parts("after {', '.join(f'x {i}' for i in a)} and {{literal}}")
+    assert parts == [(False, "after "), (True, "{', '.join(f'x {i}' for i in a)}"),
+                     (False, " and {{literal}}")]
+
+
+# --- catalogues -------------------------------------------------------------------------------
+
+def _nb(*markdown: str) -> nbformat.NotebookNode:
+    return nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(m) for m in markdown])
+
+
+def test_update_moves_shared_pieces_to_common_and_marks_a_changed_one_fuzzy(monkeypatch):
+    stored: dict = {}
+    monkeypatch.setattr(i18n.catalogue, "load",
+                        lambda language, domain: stored.get(domain) or polib.POFile())
+    first = i18n.update("ja", {"01_a": _nb("Shared text.", "Only in a, first version."),
+                               "02_b": _nb("Shared text.")})
+    assert [e.msgid for e in first["common"]][:1] == ["Shared text."]
+    assert [e.msgid for e in first["01_a"]] == ["Only in a, first version."]
+    first["01_a"][0].msgstr = "a だけ、最初の版。"
+    first["common"][0].msgstr = "共通の文。"
+    stored.update(first)
+    second = i18n.update("ja", {"01_a": _nb("Shared text.", "Only in a, second version."),
+                                "02_b": _nb("Something else.")})
+    entries = {e.msgid: e for e in second["01_a"]}
+    moved = entries["Shared text."]   # now in one notebook only: its translation follows it
+    assert moved.msgstr == "共通の文。" and "fuzzy" not in moved.flags
+    changed = entries["Only in a, second version."]
+    assert changed.msgstr == "a だけ、最初の版。" and "fuzzy" in changed.flags
+    assert changed.previous_msgid == "Only in a, first version."
+    assert i18n.catalogue.entry_problem(changed).endswith("(fuzzy)")
+    assert [e.msgid for e in second["common"] if e.obsolete] == []
+
+
+def test_every_catalogue_is_in_step_with_its_notebook():
+    """What `dpmp-lab translations update` would write is what is committed: a notebook changed
+    without updating the catalogues fails here, with the command to run."""
+    every = {name: solution(name) for name in assignments(ROOT)}
+    for language in i18n.LANGUAGES[1:]:
+        for domain, po in i18n.update(language, every).items():
+            path = i18n.catalogue_path(language, domain)
+            committed = path.read_text(encoding="utf-8") if path.exists() else ""
+            assert po.__unicode__() == committed, (
+                f"{path.relative_to(ROOT)} is not in step with the notebooks: run "
+                f"`dpmp-lab translations update --lang {language}` and translate what it marks")
+
+
+@pytest.mark.parametrize("language", sorted(TRANSLATED))
+def test_the_notebooks_translated_are_those_listed_and_lack_nothing(language):
+    """A notebook listed lacks no translation, none is stale, and its translation runs the same
+    code (nbgrader grades one hand-in of each in that language: tests/test_course.py)."""
+    lacking = [line for name in TRANSLATED[language]
+               for line in i18n.problems(solution(name), language, name)]
+    assert not lacking, "\n".join(lacking[:30])
+    assert list(translated(language)) == TRANSLATED[language]
+
+
+def _glossary(language: str) -> list[tuple[str, str]]:
+    path = i18n.catalogue_path(language, "glossary").with_suffix(".tsv")
+    rows = csv.reader((line for line in path.read_text(encoding="utf-8").splitlines()
+                       if line and not line.startswith("#")), delimiter="\t")
+    next(rows)
+    return [(row[0], row[1]) for row in rows]
+
+
+@pytest.mark.parametrize("language,name", [(lang, name) for lang, names in TRANSLATED.items()
+                                           for name in names])
+def test_a_translation_uses_the_glossarys_terms(language, name):
+    terms = [(re.compile(rf"\b{english}\b", re.IGNORECASE), japanese)
+             for english, japanese in _glossary(language)]
+    wrong = []
+    for domain in (name, i18n.COMMON):
+        for entry in i18n.load(language, domain):
+            if entry.obsolete or not entry.msgstr or entry.comment != "markdown":
+                continue
+            prose = re.sub(r"`[^`]*`|\$[^$]*\$|\]\([^)]*\)", "", entry.msgid)
+            wrong += [f"{domain}: {japanese!r} missing for {english.pattern!r} in "
+                      f"{entry.msgid[:60]!r}" for english, japanese in terms
+                      if english.search(prose) and japanese not in entry.msgstr]
+    assert not wrong, "\n".join(wrong)
