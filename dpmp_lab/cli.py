@@ -106,16 +106,20 @@ def doctor(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def course_dir() -> Path:
-    """The course/ folder of the checkout this package was installed from, else the cwd."""
-    here = PACKAGE_HOME / "course"
+def course_dir(language: str = i18n.SOURCE) -> Path:
+    """The release (course/, course-LANG/) of this package's checkout, else the cwd."""
+    here = course.release_folder(PACKAGE_HOME, language)
     return here if here.is_dir() else Path.cwd()
 
 
 def lab(args: argparse.Namespace) -> int:
-    """Start JupyterLab on the course (replaces this process)."""
-    directory = Path(args.dir) if args.dir else course_dir()
+    """Start JupyterLab on the course (replaces this process), in the notebooks' language."""
+    language = args.lang or i18n.language_of_folder(Path(args.dir) if args.dir else course_dir())
+    directory = Path(args.dir) if args.dir else course_dir(language)
     argv = [sys.executable, "-m", "jupyter", "lab", f"--ServerApp.root_dir={directory}"]
+    settings = i18n.lab_settings(language)
+    if settings is not None and not any("app_settings_dir" in a for a in args.extra):
+        argv.append(f"--LabApp.app_settings_dir={settings}")   # JupyterLab's own words too
     if hasattr(os, "geteuid") and os.geteuid() == 0 and "--allow-root" not in args.extra:
         argv.append("--allow-root")  # containers and cloud GPU boxes often run as root
     argv += args.extra
@@ -164,8 +168,7 @@ def release(args: argparse.Namespace) -> int:
 
 
 def translations(args: argparse.Namespace) -> int:
-    """Bring the catalogues of a language in step with solutions/ (update: all of them), and
-    list what the named notebooks' lack (check: exit 1 when anything is)."""
+    """Catalogues in step with solutions/ (update, all), what the named ones lack (check)."""
     root = args.root or course.repo_root()
     try:
         if args.action == "update":
@@ -175,18 +178,15 @@ def translations(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"dpmp-lab translations: {exc}", file=sys.stderr)
         return 2
-    for line in lacking:
-        print(line)
-    print(f"{i18n.NAMES[args.lang]}: {len(lacking)} pieces lack a translation in "
-          f"{len(names)} notebooks" if lacking else
-          f"{i18n.NAMES[args.lang]}: every piece of {len(names)} notebooks is translated")
+    print(*lacking, f"{i18n.NAMES[args.lang]}: {len(lacking)} pieces of {len(names)} notebooks "
+          "lack a translation", sep="\n")
     return 1 if lacking and args.action == "check" else 0
 
 
 def learner_copy(args: argparse.Namespace) -> int:
     """A copy of the course for learners: the release notebooks and the package, nothing of
     the instructor's (no solutions/, tests/, gradebook or submissions)."""
-    copied = course.learner_copy(args.dest, root=args.root)
+    copied = course.learner_copy(args.dest, root=args.root, language=args.lang)
     print(f"{args.dest}: {', '.join(copied)}; learners start it with "
           "`python3 bootstrap.py course` there")
     return 0
@@ -297,6 +297,9 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=doctor)
     p = sub.add_parser("lab", help="open the course in JupyterLab")
     p.add_argument("--dir", default=None, help="folder to open (default: the course)")
+    p.add_argument("--lang", choices=i18n.LANGUAGES, default=None,
+                   help="the course and JupyterLab in this language (default: the language the "
+                        "folder's notebooks were released in)")
     p.set_defaults(func=lab)
     p = sub.add_parser("release", help="regenerate course/ from solutions/ (nbgrader)")
     p.add_argument("names", nargs="*", help="assignments (default: all)")
@@ -323,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("learner-copy", help="a copy of the course for learners (no "
                        "solutions/, tests/ or gradebook)")
     p.add_argument("dest", type=Path, help="a new folder")
+    p.add_argument("--lang", choices=i18n.LANGUAGES, default=i18n.SOURCE,
+                   help="the release in this language (`release --lang` writes it first)")
     _root_option(p)
     p.set_defaults(func=learner_copy)
     p = sub.add_parser("grade", help="autograde submitted/*/ASSIGNMENT, write feedback/")

@@ -227,6 +227,39 @@ class Reads(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+class Made(TorchDispatchMode):
+    """The storages the tensor operations in its window make (not those an in-place operation
+    writes into), followed by weak reference: `alive()` is the bytes of those still allocated,
+    whoever keeps them. Cheap enough to ask at every step of a loop, unlike `held()`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._refs: dict[int, tuple[int, StorageWeakRef]] = {}
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        given = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs or {}))
+                 if isinstance(t, torch.Tensor) and t.layout == torch.strided}
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.layout == torch.strided:
+                st = t.untyped_storage()
+                ptr = st.data_ptr()
+                known = self._refs.get(ptr)
+                if ptr not in given and (known is None or known[1].expired()):
+                    self._refs[ptr] = (st.nbytes(), StorageWeakRef(st))
+        return out
+
+    def alive(self) -> int:
+        return sum(size for size, ref in self._refs.values() if not ref.expired())
+
+
+def made() -> Made:
+    """`with dl.footprint.made() as m:` ... `m.alive()`: the bytes still allocated of what the
+    code inside made, wherever it is kept (a send's handle, a list, autograd's saved tensors)."""
+    return Made()
+
+
 def reads() -> Reads:
     """`with dl.footprint.reads() as r:`: which storages the code inside reads, by any tensor
     operation, wherever the tensors come from (a container, a global, a closure)."""
@@ -350,4 +383,5 @@ class FootprintPicture(Picture):
         return "".join(out)
 
 
-__all__ = ["Followed", "Footprint", "FootprintPicture", "Held", "Sample", "held", "record"]
+__all__ = ["Followed", "Footprint", "FootprintPicture", "Held", "Made", "Sample", "held", "made",
+           "record"]

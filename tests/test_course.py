@@ -468,12 +468,14 @@ def release_variant(name: str) -> dict:
 def nbgrader_in_full(name: str) -> tuple[str, frozenset[str]]:
     """(the student, the cells it loses) of the submission that shows nbgrader passing every
     test cell of `name` but its own: the sample of by_nbgrader where there is one (a solution
-    with one mistake written in), else the solution, graded too. (Grading both would only run
-    the same notebook twice: the one-job grading runs the solution and shows the two ways
-    agree on the sample.)"""
+    with one mistake written in), else, where the notebook is translated, its Japanese hand-in
+    (in_japanese), else the solution, graded too. (Grading both would only run the same
+    notebook twice: the one-job grading runs the solution and shows the two ways agree.)"""
     sampled = [i for i in by_nbgrader(name) if not writes_into_the_grader(name, variants(name)[i])]
     if sampled:
         return f"variant{sampled[0]:02d}", frozenset(variants(name)[sampled[0]]["loses"])
+    if in_japanese(name) is not None:
+        return "ja", frozenset(variants(name)[in_japanese(name)]["loses"])
     return "solution", frozenset()
 
 
@@ -484,12 +486,20 @@ def in_one_job(name: str) -> list[int]:
 
 @functools.cache
 def in_japanese(name: str) -> int | None:
-    """The variant graded in Japanese too, where `name`'s Japanese catalogue is complete: the
-    first whose visible test fails with a check's message (the words a learner reads)."""
+    """The variant nbgrader grades in Japanese, where `name`'s Japanese catalogue is complete,
+    in place of an English run (so the Japanese side costs no grading of its own): the sample
+    nbgrader grades in full where there is one, else the first whose visible test fails with
+    a check's message (the words a learner reads), handed in as "ja"."""
     if name not in translated("ja"):
         return None
-    return next((i for i, v in enumerate(variants(name))
-                 if v.get("visible") and not writes_into_the_grader(name, v)), None)
+    sampled = [i for i in by_nbgrader(name) if not writes_into_the_grader(name, variants(name)[i])]
+    return sampled[0] if sampled else next(
+        (i for i, v in enumerate(variants(name))
+         if v.get("visible") and not writes_into_the_grader(name, v)), None)
+
+
+def japanese_student(name: str) -> str:
+    return "ja" if in_japanese(name) not in by_nbgrader(name) else f"variant{in_japanese(name):02d}"
 
 
 def _submit(root: Path, student: str, name: str, nb: nbformat.NotebookNode) -> None:
@@ -513,14 +523,15 @@ def _round_trip(root: Path, name: str) -> dict:
     for cell, nb in device_mistakes(name).items():
         _submit(root, f"solution_device_{cell}", name, nb)
     for i in by_nbgrader(name):
-        _submit(root, f"variant{i:02d}", name,
-                with_replacements(source_notebook(name), variants(name)[i]["replace"]))
+        if i != in_japanese(name):
+            _submit(root, f"variant{i:02d}", name,
+                    with_replacements(source_notebook(name), variants(name)[i]["replace"]))
     if in_japanese(name) is not None:   # as a learner of the Japanese release hands it in
         from dpmp_lab import i18n
 
         mistake = variants(name)[in_japanese(name)]["replace"]
         wrong = with_replacements(source_notebook(name), mistake)
-        _submit(root, "ja", name, i18n.translate(wrong, "ja", name))
+        _submit(root, japanese_student(name), name, i18n.translate(wrong, "ja", name))
     course.nbgrader_steps([   # one process, as `dpmp-lab grade` runs a job
         Step(("generate_assignment", name, "--force")),   # dpmp-lab release's step
         Step(("autograde", name, "--create"), {"DPMP_LAB_DEVICE_AUDIT": "1"}),
@@ -940,21 +951,23 @@ def test_a_japanese_hand_in_is_graded_alike_and_fed_back_in_japanese(graded, nam
     from dpmp_lab import i18n
     from dpmp_lab.instructor.nbgrader_plugin import hidden_lines
 
-    variant = variants(name)[in_japanese(name)]
-    lost = {cell for cell, (score, top) in scores_of(graded, name, "ja").items() if score < top}
+    variant, student = variants(name)[in_japanese(name)], japanese_student(name)
+    lost = {cell for cell, (score, top) in scores_of(graded, name, student).items()
+            if score < top}
     assert lost == set(variant["loses"])
     root = graded["roots"][name]
-    graded_nb = nbformat.read(root / "autograded" / "ja" / name / f"{name}.ipynb", as_version=4)
+    graded_nb = nbformat.read(root / "autograded" / student / name / f"{name}.ipynb",
+                              as_version=4)
     assert i18n.language_of(graded_nb) == "ja"
     first = next(c for c in graded_nb.cells if c.cell_type == "markdown")
     assert JAPANESE.search(first.source), first.source[:200]
-    failing = [c for c in graded_nb.cells if c.metadata.get("nbgrader", {}).get("grade_id")
-               in variant["visible"]]
-    for cell in failing:
-        shown = "".join(o.get("evalue", "") + "".join(o.get("traceback", []))
-                        for o in cell.outputs if o.output_type == "error")
-        assert JAPANESE.search(shown), f"{name} {cell.metadata.nbgrader.grade_id}: {shown[-400:]}"
-    page = root / "feedback" / "ja" / name / f"{name}.html"
+    watched = set(variant.get("visible") or variant["loses"])   # the learner reads these fail
+    shown = {c.metadata.nbgrader.grade_id: "".join(
+        o.get("evalue", "") + "".join(o.get("traceback", []))
+        for o in c.outputs if o.output_type == "error")
+        for c in graded_nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") in watched}
+    assert shown and any(JAPANESE.search(text) for text in shown.values()), shown
+    page = root / "feedback" / student / name / f"{name}.html"
     text = html.unescape(re.sub(r"<[^>]+>", "", page.read_text()))
     assert JAPANESE.search(text)
     hidden = (hidden_lines(source_notebook(name))

@@ -163,3 +163,24 @@ def test_reads_names_the_storages_an_operation_touched_and_held_names_what_a_mar
     assert unused.untyped_storage().data_ptr() not in r.storages
     assert doubled.untyped_storage().data_ptr() in r.storages
     assert leaf.grad is not None
+
+
+def test_made_follows_what_its_window_made_wherever_it_is_kept_and_nothing_else():
+    before = torch.zeros(1000, dtype=torch.float64)
+    kept = []
+    with dl.footprint.made() as made:
+        a = torch.randn(100, dtype=torch.float64)        # 800 bytes
+        b = a * 2                                        # 800
+        before.add_(1.0)                                 # in place into what it did not make
+        a.mul_(3)                                        # in place: nothing new
+        view = b[:10]                                    # b's storage, once
+        kept.append(torch.ones(50, dtype=torch.float64))  # 400, in a list
+        assert made.alive() == 2000
+        del a, b
+        assert made.alive() == 1200                      # the view keeps b's storage
+        del view
+        assert made.alive() == 400
+        x = torch.randn(4, 3, requires_grad=True)
+        y = torch.tanh(x)                                # its graph saves y
+        del y                                            # y and its graph go; x stays
+    assert made.alive() == 400 + 4 * 3 * 4

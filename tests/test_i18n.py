@@ -4,21 +4,24 @@ put back, and the catalogues against the notebooks (dpmp_lab/i18n)."""
 from __future__ import annotations
 
 import csv
+import json
 import re
+import shutil
 
 import nbformat
 import polib
 import pytest
 
 from dpmp_lab import i18n
-from dpmp_lab.i18n import units
+from dpmp_lab.i18n import units, writing
 from dpmp_lab.instructor.course import assignments, repo_root
 
 from .notebook_sources import translated
 
 ROOT = repo_root()
 # the notebooks whose Japanese catalogue is complete: every piece translated, none stale
-TRANSLATED: dict[str, list[str]] = {"ja": []}
+TRANSLATED = {"ja": ["00_launch", "01_collectives", "03_tensor_parallel", "05_hybrid",
+                     "06_planning", "08_performance", "09_context_parallel", "11_expert_parallel"]}
 
 
 def solution(name: str) -> nbformat.NotebookNode:
@@ -32,7 +35,7 @@ def test_a_markdown_cell_is_cut_at_blank_lines_and_code_and_formulas_stay():
     source = f"# Title\n\nOne line\nand its next.\n\n{fence}\n\n---\n\n$$a+b$$"
     texts = [p.text for p in units.markdown_pieces(source)]
     assert texts == ["# Title", "One line\nand its next."]
-    back = units.put_back(source, units.markdown_pieces(source), lambda p: p.text.upper())
+    back = writing.put_back(source, units.markdown_pieces(source), lambda p: p.text.upper())
     assert back == f"# TITLE\n\nONE LINE\nAND ITS NEXT.\n\n{fence}\n\n---\n\n$$a+b$$"
 
 
@@ -66,8 +69,8 @@ def test_a_translation_keeps_the_code_and_its_fields_and_a_long_string_spans_lin
               "n = {n!r} は正ではありません。正の数でなければ次の計算に進めないため、ここで止めます "
               "[hint: x.positive]",
           "{n} of {total:.2f} is wrong": "{total:.2f} のうち {n} が違います"}
-    out = units.put_back(CODE, units.code_pieces(CODE), lambda p: ja.get(p.text))
-    assert units.differs(CODE, out) is None
+    out = writing.put_back(CODE, units.code_pieces(CODE), lambda p: ja.get(p.text))
+    assert writing.differs(CODE, out) is None
     namespace: dict = {"mode": "slow"}
     exec(compile(out, "<ja>", "exec"), namespace)
     with pytest.raises(AssertionError, match=r"n = -1 は正ではありません。.*\[hint: x.positive\]"):
@@ -78,12 +81,20 @@ def test_a_translation_keeps_the_code_and_its_fields_and_a_long_string_spans_lin
     assert max(len(line) for line in out.splitlines()) < 100
 
 
+def test_a_joined_string_whose_first_part_is_plain_is_written_back_as_an_f_string():
+    source = 'raise ValueError("a plain start, "\n                 f"then {n} in a field")\n'
+    out = writing.put_back(source, units.code_pieces(source),
+                           lambda p: "まず普通の文、それから{n}が入ります")
+    with pytest.raises(ValueError, match="それから3が入ります"):
+        exec(compile(out, "<ja>", "exec"), {"n": 3})
+
+
 def test_differs_names_a_translation_that_would_run_other_code():
-    assert units.differs(CODE, CODE.replace("n > 0", "n >= 0")) == (
+    assert writing.differs(CODE, CODE.replace("n > 0", "n >= 0")) == (
         "the code differs, not only its text")
-    assert "is data" in units.differs(CODE, CODE.replace('"fast path"', '"速い"'))
-    assert "replacement fields" in units.differs(CODE, CODE.replace("{n!r}", "{n}"))
-    assert units.differs(CODE, CODE.replace("as expected:", "期待どおり")) is None
+    assert "is data" in writing.differs(CODE, CODE.replace('"fast path"', '"速い"'))
+    assert "replacement fields" in writing.differs(CODE, CODE.replace("{n!r}", "{n}"))
+    assert writing.differs(CODE, CODE.replace("as expected:", "期待どおり")) is None
 
 
 def test_magics_and_shell_lines_are_read_around():
@@ -149,6 +160,22 @@ def test_the_notebooks_translated_are_those_listed_and_lack_nothing(language):
     assert list(translated(language)) == TRANSLATED[language]
 
 
+def test_what_only_the_hidden_tests_say_stays_out_of_the_package():
+    """A hidden test's message (a recall's explanation) is translated in solutions/i18n, which
+    learners never get, not in the package they install."""
+    for language in i18n.LANGUAGES[1:]:
+        package = {e.msgid for path in i18n.catalogue_path(language, i18n.COMMON).parent.glob(
+            "*.po") for e in polib.pofile(str(path))}
+        for name in assignments(ROOT):
+            pieces = i18n.notebook_pieces(solution(name))
+            shown = {piece.text for _, piece, hidden in pieces if not hidden}
+            secret = {piece.text for _, piece, hidden in pieces if hidden} - shown
+            assert secret, f"{name}: no hidden test says anything of its own?"
+            assert not secret & package, sorted(secret & package)[:3]
+            assert secret <= {e.msgid for domain in i18n.domains(name)
+                              for e in i18n.load(language, domain)}
+
+
 def _glossary(language: str) -> list[tuple[str, str]]:
     path = i18n.catalogue_path(language, "glossary").with_suffix(".tsv")
     rows = csv.reader((line for line in path.read_text(encoding="utf-8").splitlines()
@@ -167,8 +194,72 @@ def test_a_translation_uses_the_glossarys_terms(language, name):
         for entry in i18n.load(language, domain):
             if entry.obsolete or not entry.msgstr or entry.comment != "markdown":
                 continue
-            prose = re.sub(r"`[^`]*`|\$[^$]*\$|\]\([^)]*\)", "", entry.msgid)
+            prose = re.sub(r"`[^`]*`|\$\$.*?\$\$|\$[^$]*\$|\]\([^)]*\)", "", entry.msgid,
+                           flags=re.S)
             wrong += [f"{domain}: {japanese!r} missing for {english.pattern!r} in "
                       f"{entry.msgid[:60]!r}" for english, japanese in terms
                       if english.search(prose) and japanese not in entry.msgstr]
     assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("language", sorted(TRANSLATED))
+def test_a_hint_is_introduced_by_the_words_the_class_report_finds(language):
+    english, words = i18n.LIKELY_MISTAKE[i18n.SOURCE], i18n.LIKELY_MISTAKE[language]
+    wrong = [e.msgid[:70] for name in TRANSLATED[language] for domain in i18n.domains(name)
+             for e in i18n.load(language, domain)
+             if not e.obsolete and e.msgstr and english in e.msgid and words not in e.msgstr]
+    assert not wrong, f"translate {english!r} as {words!r} in: {wrong}"
+
+
+JAPANESE = re.compile(r"[\u3040-\u30ff\u4e00-\u9fff]")
+
+
+def test_the_japanese_release_is_the_same_assignment_and_a_learners_copy_opens_in_it(
+        tmp_path, capsys, monkeypatch):
+    """`release --lang ja` writes course-ja/ beside course/: the same cells, grade ids, points
+    and code, checksums nbgrader's Validate accepts, no hidden test; refused where a catalogue
+    lacks translations; `learner-copy --lang ja` gives it to learners, and `dpmp-lab lab` then
+    opens it with JupyterLab's Japanese."""
+    import os
+
+    from nbgrader.utils import compute_checksum
+
+    from dpmp_lab import cli
+
+    name = TRANSLATED["ja"][0]
+    root = tmp_path / "root"
+    root.mkdir()
+    shutil.copy(ROOT / "nbgrader_config.py", root)
+    shutil.copytree(ROOT / "solutions" / name, root / "solutions" / name)
+    assert cli.main(["release", name, "--lang", "ja", "--root", str(root)]) == 0
+    assert str(root / "course-ja" / name) in capsys.readouterr().out
+    en = nbformat.read(root / "course" / name / f"{name}.ipynb", as_version=4)
+    ja = nbformat.read(root / "course-ja" / name / f"{name}.ipynb", as_version=4)
+    assert i18n.language_of(ja) == "ja" and i18n.language_of(en) == "en"
+    assert [c.metadata.get("nbgrader") and {k: v for k, v in c.metadata.nbgrader.items()
+                                            if k != "checksum"} for c in ja.cells] == [
+        c.metadata.get("nbgrader") and {k: v for k, v in c.metadata.nbgrader.items()
+                                        if k != "checksum"} for c in en.cells]
+    for one, two in zip(en.cells, ja.cells, strict=True):
+        if two.metadata.get("nbgrader", {}).get("checksum"):
+            assert two.metadata.nbgrader.checksum == compute_checksum(two)
+        if one.cell_type == "code":
+            assert writing.differs(one.source, two.source) is None
+    assert sum(bool(JAPANESE.search(c.source)) for c in ja.cells) > len(ja.cells) // 2
+    assert not any("HIDDEN TESTS" in c.source for c in ja.cells)
+
+    shutil.copytree(ROOT / "solutions" / "07_sharding", root / "solutions" / "07_sharding")
+    if "07_sharding" not in TRANSLATED["ja"]:
+        assert cli.main(["release", "07_sharding", "--lang", "ja", "--root", str(root)]) == 2
+        assert "catalogues lack" in capsys.readouterr().err
+
+    copy = tmp_path / "for_learners"
+    assert cli.main(["learner-copy", str(copy), "--lang", "ja", "--root", str(root)]) == 0
+    assert i18n.language_of_folder(copy / "course") == "ja"
+    started = []
+    monkeypatch.setattr(os, "execv", lambda path, argv: started.append(argv))
+    assert cli.main(["lab", "--dir", str(copy / "course"), "--no-browser"]) == 0
+    settings = i18n.lab_settings("ja")
+    assert f"--LabApp.app_settings_dir={settings}" in started[0]
+    assert json.loads((settings / "overrides.json").read_text())[
+        "@jupyterlab/translation-extension:plugin"]["locale"] == "ja_JP"

@@ -1,15 +1,20 @@
 """The course in more than one language, from one source: the English notebooks, and a gettext
 catalogue per notebook and language that translates what a learner reads in them (units.py
-cuts a notebook into those pieces and puts translations back; catalogue.py keeps the
+cuts a notebook into those pieces, writing.py puts translations back; catalogue.py keeps the
 catalogues in step with the notebooks and writes a notebook in another language)."""
 
 from dpmp_lab.i18n.catalogue import (
     COMMON,
+    HIDDEN,
     LANGUAGES,
+    LIKELY_MISTAKE,
     NAMES,
     SOURCE,
     catalogue_path,
+    domains,
+    lab_settings,
     language_of,
+    language_of_folder,
     load,
     notebook_pieces,
     problems,
@@ -19,5 +24,7 @@ from dpmp_lab.i18n.catalogue import (
     update,
 )
 
-__all__ = ["COMMON", "LANGUAGES", "NAMES", "SOURCE", "catalogue_path", "language_of", "load",
-           "notebook_pieces", "problems", "translate", "translate_source", "translator", "update"]
+__all__ = ["COMMON", "HIDDEN", "LANGUAGES", "LIKELY_MISTAKE", "NAMES", "SOURCE", "catalogue_path",
+           "domains", "lab_settings", "language_of", "language_of_folder", "load",
+           "notebook_pieces", "problems", "translate", "translate_source", "translator",
+           "update"]

@@ -1,6 +1,9 @@
 """The translations of the course: one gettext catalogue per notebook and language
 (`dpmp_lab/i18n/<lang>/<notebook>.po`), and `common.po` for what every notebook shares
-(nbgrader's "YOUR CODE HERE").
+(nbgrader's "YOUR CODE HERE"). What only the hidden tests say (their messages, a recall's
+explanation) is no learner's to read: it goes to the same files under the checkout's
+`solutions/i18n/<lang>/` (domain "hidden/<notebook>"), which learners never get and the grader
+reads beside the package's.
 
 The English notebooks in solutions/ are the source. `update` brings a catalogue in step with
 its notebook: a new piece comes in untranslated, a piece whose English changed comes back
@@ -13,18 +16,27 @@ from __future__ import annotations
 
 import copy
 import difflib
+import functools
+import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import polib
 
-from dpmp_lab.i18n.units import Piece, differs, fields, hint_tags, pieces, put_back
+from dpmp_lab._helpers import PACKAGE_HOME
+from dpmp_lab.i18n.units import Piece, fields, hint_tags, pieces
+from dpmp_lab.i18n.writing import differs, put_back
 
 HERE = Path(__file__).resolve().parent
+HIDDEN = "hidden/"        # a domain's prefix: under solutions/i18n, the grader's side only
+HIDDEN_HOME = PACKAGE_HOME / "solutions" / "i18n"
 SOURCE = "en"
 LANGUAGES = ("en", "ja")
 COMMON = "common"
 NAMES = {"en": "English", "ja": "日本語"}
+# the words that introduce a check's hint, which `dpmp-lab report` finds in any language
+LIKELY_MISTAKE = {"en": "Likely mistake:", "ja": "考えられる誤り："}
 # what nbgrader writes into a release in place of a solution (nbgrader_config.py's stubs)
 STUBS = (("comment", "YOUR CODE HERE"), ("markdown", "YOUR ANSWER HERE"))
 
@@ -33,7 +45,14 @@ def catalogue_path(language: str, domain: str) -> Path:
     if language not in LANGUAGES or language == SOURCE:
         raise ValueError(f"no catalogue for language {language!r}: "
                          f"translations exist for {', '.join(LANGUAGES[1:])}")
+    if domain.startswith(HIDDEN):
+        return HIDDEN_HOME / language / f"{domain[len(HIDDEN):]}.po"
     return HERE / language / f"{domain}.po"
+
+
+def domains(domain: str) -> list[str]:
+    """The catalogues a notebook's translation is looked up in, later ones first."""
+    return [COMMON, domain, HIDDEN + COMMON, HIDDEN + domain]
 
 
 def load(language: str, domain: str) -> polib.POFile:
@@ -49,12 +68,27 @@ def _new(language: str) -> polib.POFile:
     return po
 
 
-def notebook_pieces(nb: Any) -> list[tuple[str, Piece]]:
-    """(where, piece) for every piece of `nb`: where is the cell's grade id, or its index."""
+def _hidden_spans(source: str) -> list[tuple[int, int]]:
+    spans, start, offset = [], None, 0
+    for line in source.splitlines(keepends=True):
+        if "BEGIN HIDDEN TESTS" in line:
+            start = offset
+        elif "END HIDDEN TESTS" in line and start is not None:
+            spans.append((start, offset))
+            start = None
+        offset += len(line)
+    return spans + ([(start, offset)] if start is not None else [])
+
+
+def notebook_pieces(nb: Any) -> list[tuple[str, Piece, bool]]:
+    """(where, piece, hidden) for every piece of `nb`: where is the cell's grade id, or its
+    index; hidden, whether the piece lies in the cell's hidden tests."""
     out = []
     for index, cell in enumerate(nb.cells):
         where = cell.metadata.get("nbgrader", {}).get("grade_id") or f"cell {index}"
-        out += [(where, piece) for piece in pieces(cell.cell_type, cell.source)]
+        spans = _hidden_spans(cell.source) if cell.cell_type == "code" else []
+        out += [(where, piece, any(a <= piece.start < b for a, b in spans))
+                for piece in pieces(cell.cell_type, cell.source)]
     return out
 
 
@@ -79,27 +113,36 @@ def _entry(msgid: str, kind: str, places: list[str], known: dict[str, polib.POEn
 def update(language: str, notebooks: dict[str, Any]) -> dict[str, polib.POFile]:
     """Every catalogue of `language` in step with `notebooks` ({name: the English notebook}):
     {domain: catalogue}. A piece found in two notebooks or more goes to COMMON, the others to
-    their notebook's; a translation follows its piece from one file to another; a piece whose
-    English changed gets the nearest lost translation, marked fuzzy; a lost translation stays,
+    their notebook's; a piece only the hidden tests hold, to the HIDDEN domain of the same
+    name; a translation follows its piece from one file to another; a piece whose English
+    changed gets the nearest lost translation, marked fuzzy; a lost translation stays,
     obsolete, in the file that had it."""
-    old = {domain: load(language, domain) for domain in [*notebooks, COMMON]}
+    names = [*notebooks, COMMON]
+    old = {domain: load(language, domain) for domain in names + [HIDDEN + n for n in names]}
     known = {e.msgid: e for po in old.values() for e in po if e.msgstr}
     found: dict[str, dict[str, tuple[str, list[str]]]] = {}
+    shown: set[str] = set()    # pieces a learner's release holds somewhere
     for name, nb in notebooks.items():
-        for where, piece in notebook_pieces(nb):
+        for where, piece, hidden in notebook_pieces(nb):
             kind, places = found.setdefault(piece.text, {}).setdefault(name, (piece.kind, []))
             places.append(f"{name}:{where}")
+            if not hidden:
+                shown.add(piece.text)
     for kind, text in STUBS:
         found[text] = {"(nbgrader)": (kind, ["nbgrader_config.py"]), "(release)": (kind, [])}
+        shown.add(text)
     wanted = set(found)
     out = {}
     for domain, po in old.items():
         fresh = _new(language)
         fresh.metadata.update(po.metadata)
         stale = {e.msgid: e for e in po if e.msgstr and e.msgid not in wanted}
+        base = domain.removeprefix(HIDDEN)
         for msgid, by_notebook in found.items():
             shared = len(by_notebook) > 1
-            if (domain == COMMON) != shared or (not shared and domain not in by_notebook):
+            if (base == COMMON) != shared or (not shared and base not in by_notebook):
+                continue
+            if (msgid in shown) == domain.startswith(HIDDEN):
                 continue
             kind = next(iter(by_notebook.values()))[0]
             places = [p for _, ps in by_notebook.values() for p in dict.fromkeys(ps)]
@@ -127,10 +170,9 @@ def entry_problem(entry: polib.POEntry) -> str | None:
 def problems(nb: Any, language: str, domain: str) -> list[str]:
     """What a release of `nb` in `language` would lack: each piece untranslated, stale or with
     broken fields, and each cell whose translation would not run as the English does."""
-    po, common = load(language, domain), load(language, COMMON)
-    entries = {e.msgid: e for e in [*common, *po] if not e.obsolete}
+    entries = {e.msgid: e for d in domains(domain) for e in load(language, d) if not e.obsolete}
     out = []
-    for where, piece in notebook_pieces(nb):
+    for where, piece, _ in notebook_pieces(nb):
         entry = entries.get(piece.text)
         why = entry_problem(entry) if entry is not None else "not in the catalogue"
         if why:
@@ -143,11 +185,26 @@ def problems(nb: Any, language: str, domain: str) -> list[str]:
     return out
 
 
-def translator(language: str, domain: str, strict: bool = True):
-    """piece -> its translation (None: keep the English), from the catalogues of `domain` and
-    COMMON; `strict`: only entries without a problem."""
-    entries = {e.msgid: e for e in [*load(language, COMMON), *load(language, domain)]
-               if not e.obsolete and e.msgstr}
+@functools.lru_cache(maxsize=64)
+def _translated(language: str, domain: str, stamps: tuple) -> dict[str, polib.POEntry]:
+    return {e.msgid: e for d in domains(domain) for e in load(language, d)
+            if not e.obsolete and e.msgstr}
+
+
+def _stamp(path: Path) -> tuple:
+    try:
+        info = path.stat()
+    except OSError:
+        return (str(path), None)
+    return (str(path), info.st_mtime_ns, info.st_size)
+
+
+def translator(language: str, domain: str, strict: bool = True) -> Callable[[Piece], str | None]:
+    """piece -> its translation (None: keep the English), from the catalogues of `domain`
+    (`domains`: read again when one of them changed); `strict`: only entries without a
+    problem."""
+    entries = _translated(language, domain,
+                          tuple(_stamp(catalogue_path(language, d)) for d in domains(domain)))
 
     def translate_piece(piece: Piece) -> str | None:
         entry = entries.get(piece.text)
@@ -180,6 +237,25 @@ def translate_source(cell_type: str, source: str, language: str, domain: str) ->
     return put_back(source, found, translator(language, domain)) if found else source
 
 
+def lab_settings(language: str) -> Path | None:
+    """The JupyterLab settings folder whose overrides.json picks `language`'s language pack
+    (None for English, JupyterLab's own)."""
+    folder = HERE / language / "jupyterlab"
+    return folder if language != SOURCE and (folder / "overrides.json").exists() else None
+
+
+def language_of_folder(folder: Path) -> str:
+    """The language of the first notebook under `folder` (a course release), else English."""
+    for path in sorted(folder.glob("*/*.ipynb")) + sorted(folder.glob("*.ipynb")):
+        try:
+            meta = json.loads(path.read_text(encoding="utf-8")).get("metadata", {})
+        except (OSError, ValueError):
+            continue
+        language = (meta.get("dpmp_lab") or {}).get("language")
+        return language if language in LANGUAGES else SOURCE
+    return SOURCE
+
+
 def language_of(nb: Any) -> str:
     """The language a notebook was released in (English when its metadata names none or one
     this package has no catalogue for: the metadata is the learner's to change)."""
@@ -188,6 +264,7 @@ def language_of(nb: Any) -> str:
     return language if language in LANGUAGES else SOURCE
 
 
-__all__ = ["COMMON", "LANGUAGES", "NAMES", "SOURCE", "catalogue_path", "entry_problem",
-           "language_of", "load", "notebook_pieces", "problems", "translate",
-           "translate_source", "translator", "update"]
+__all__ = ["COMMON", "HIDDEN", "LANGUAGES", "LIKELY_MISTAKE", "NAMES", "SOURCE", "catalogue_path",
+           "domains", "entry_problem",
+           "lab_settings", "language_of", "language_of_folder", "load", "notebook_pieces",
+           "problems", "translate", "translate_source", "translator", "update"]

@@ -5,8 +5,9 @@ A markdown cell is cut into blocks at its blank lines (a fenced code block stays
 cell gives its comments, its docstrings and the strings a learner reads: what `print`,
 `display`, an `assert` or a raised exception shows, and any other string that is prose (two
 words or more) and not data the code compares or looks up (a dict key, a subscript, an operand
-of `==` or `in`). Nothing else of a code cell is touched, so a translated code cell runs the
-same tokens as the English one: `differs` is what the tests ask.
+of `==` or `in`, an argument of a string method, a regular expression or a label looked up
+again: _DATA_CALLS). Nothing else of a code cell is touched, so a translated code cell runs the
+same tokens as the English one: `writing.differs` is what the tests ask.
 
 An f-string is one piece, its replacement fields written as in the source (`{n}`, `{x!r}`):
 a translation must keep the same fields, and every `[hint: ...]` tag, unchanged.
@@ -20,15 +21,20 @@ import inspect
 import io
 import re
 import tokenize
-import unicodedata
 from collections.abc import Callable
 
 # nbgrader's markers and tool directives stay as they are: something reads them
 _KEPT_COMMENTS = re.compile(r"#+\s*(BEGIN|END) (SOLUTION|HIDDEN TESTS)\b|#\s*(noqa|type:|pragma)"
                             r"|#!")
-_WORDS = re.compile(r"[A-Za-z]{2,}[,:;]?\s+[A-Za-z]{2,}")
 _LETTERS = re.compile(r"[A-Za-z]{2,}")
 _SHOWN_BY = {"print", "display", "Markdown", "HTML", "warn", "fail", "skip", "hint"}
+# calls whose string arguments are data whatever they read like: patterns and text matched
+# against messages, labels looked up again, keys
+_DATA_CALLS = {"sub", "subn", "search", "match", "fullmatch", "findall", "finditer", "split",
+               "compile", "replace", "startswith", "endswith", "find", "rfind", "index", "count",
+               "strip", "lstrip", "rstrip", "removeprefix", "removesuffix", "get", "pop",
+               "getattr", "hasattr", "setattr", "getenv", "mark", "at", "encode", "decode"}
+_DATA_KEYWORDS = {"unit", "key", "sep", "end"}
 _FENCE = re.compile(r"^\s*(```|~~~)")
 HINT_TAG = re.compile(r"\[hint: [^\]]+\]")
 
@@ -41,6 +47,7 @@ class Piece:
     text: str
     start: int
     end: int
+    fstring: bool = False   # a string whose text is a template: written back as an f-string
 
 
 # --- markdown -------------------------------------------------------------------------------
@@ -74,7 +81,7 @@ def _without_code(text: str) -> str:
 
 # --- code -----------------------------------------------------------------------------------
 
-def _as_python(source: str) -> str:
+def as_python(source: str) -> str:
     """The source with IPython's magic and shell lines blanked (same offsets), so that ast
     reads the Python in it (a %%cell magic's body is Python too)."""
     return "".join(" " * (len(line) - len(line.rstrip("\r\n"))) + line[len(line.rstrip("\r\n")):]
@@ -97,7 +104,7 @@ def comment_pieces(source: str) -> list[Piece]:
     at = _offsets(source)
     out = []
     try:
-        for tok in tokenize.generate_tokens(io.StringIO(_as_python(source)).readline):
+        for tok in tokenize.generate_tokens(io.StringIO(as_python(source)).readline):
             if tok.type != tokenize.COMMENT or _KEPT_COMMENTS.match(tok.string):
                 continue
             text = tok.string.lstrip("#").strip()
@@ -122,7 +129,8 @@ def _read_by_learner(node: ast.AST, parents: dict[int, ast.AST], prose: bool) ->
     """Whether the string `node` is shown to a learner rather than used as data."""
     child, parent = node, parents.get(id(node))
     while parent is not None:
-        if isinstance(parent, ast.Dict) and any(k is child for k in parent.keys):
+        if (isinstance(parent, ast.Dict) and any(k is child for k in parent.keys)
+                or isinstance(parent, ast.DictComp) and parent.key is child):
             return False
         if isinstance(parent, ast.Subscript) and parent.slice is child:
             return False
@@ -134,6 +142,9 @@ def _read_by_learner(node: ast.AST, parents: dict[int, ast.AST], prose: bool) ->
             return True
         if isinstance(parent, ast.Call) and child is not parent.func:
             name = _called(parent.func)
+            if name in _DATA_CALLS or (isinstance(child, ast.keyword)
+                                       and child.arg in _DATA_KEYWORDS):
+                return False
             if name in _SHOWN_BY or name.endswith(("Error", "Exception", "Warning")):
                 return True
             if not prose:
@@ -169,17 +180,28 @@ def template(node: ast.JoinedStr | ast.Constant) -> str:
     return "".join(out)
 
 
+def _is_prose(text: str) -> bool:
+    """Two words or more, apart: what a learner reads rather than a name or a key."""
+    return len(_LETTERS.findall(text)) >= 2 and bool(re.search(r"\s", text.strip()))
+
+
 def _literal_text(node: ast.JoinedStr | ast.Constant) -> str:
     if isinstance(node, ast.Constant):
         return node.value
     return "".join(p.value for p in node.values if isinstance(p, ast.Constant))
 
 
-def _shown(tree: ast.AST) -> list[ast.JoinedStr | ast.Constant]:
+def shown_strings(tree: ast.AST) -> list[ast.JoinedStr | ast.Constant]:
     """The string nodes of `tree` a learner reads (see the module's docstring)."""
     parents, out = _parents(tree), []
     inside_fstring = {id(n) for j in ast.walk(tree) if isinstance(j, ast.JoinedStr)
                       for n in ast.walk(j) if n is not j}
+    # a value the cell compares or looks up somewhere is data wherever it is written (a
+    # message appended to a list and later compared with that same text)
+    compared = {template(n) for n in ast.walk(tree) if id(n) not in inside_fstring
+                and (isinstance(n, ast.JoinedStr)
+                     or isinstance(n, ast.Constant) and isinstance(n.value, str))
+                and not _read_by_learner(n, parents, True) and not _is_docstring(n, parents)}
     for node in ast.walk(tree):
         if id(node) in inside_fstring:
             continue
@@ -187,27 +209,27 @@ def _shown(tree: ast.AST) -> list[ast.JoinedStr | ast.Constant]:
                 or isinstance(node, ast.Constant) and isinstance(node.value, str)):
             continue
         literal = _literal_text(node)
-        if not _LETTERS.search(literal):
+        if not _LETTERS.search(literal) or template(node) in compared:
             continue
         if (_is_docstring(node, parents)
-                or _read_by_learner(node, parents, bool(_WORDS.search(literal)))):
+                or _read_by_learner(node, parents, _is_prose(literal))):
             out.append(node)
     return out
 
 
 def string_pieces(source: str) -> list[Piece]:
     try:
-        tree = ast.parse(_as_python(source))
+        tree = ast.parse(as_python(source))
     except SyntaxError:
         return []
     at = _offsets(source)
     out = []
-    for node in _shown(tree):
+    for node in shown_strings(tree):
         start, end = at(node.lineno, node.col_offset), at(node.end_lineno, node.end_col_offset)
         text = template(node)
         if re.match(r"(?i)[rbuf]*('\'\'|\"\"\")", source[start:end]):
             text = inspect.cleandoc(text)   # a docstring's indentation is the code's
-        out.append(Piece("string", text, start, end))
+        out.append(Piece("string", text, start, end, isinstance(node, ast.JoinedStr)))
     return sorted(out, key=lambda p: p.start)
 
 
@@ -226,8 +248,6 @@ def pieces(cell_type: str, source: str) -> list[Piece]:
         return code_pieces(source)
     return []
 
-
-# --- putting translations back ----------------------------------------------------------------
 
 def template_parts(text: str) -> list[tuple[bool, str]]:
     """An f-string template cut into (is a replacement field, text) parts; a field may hold
@@ -262,130 +282,6 @@ def hint_tags(text: str) -> list[str]:
     return sorted(HINT_TAG.findall(text))
 
 
-def _string_literal(original: str, text: str, is_fstring: bool, indent: str) -> str:
-    """`text` written as a Python literal the way the original was: its prefix and quotes; a
-    string that spanned lines is cut into pieces on lines of their own, as it was."""
-    match = re.match(r"(?i)([rbuf]*)('''|\"\"\"|'|\")", original)
-    prefix, quote = (match.group(1), match.group(2)) if match else ("", '"')
-    prefix = prefix.replace("r", "").replace("R", "")   # written escaped instead
-    if is_fstring and "f" not in prefix.lower():
-        prefix += "f"
-
-    def escape(s: str) -> str:
-        s = s.replace("\\", "\\\\")
-        if len(quote) == 1:
-            s = s.replace("\n", "\\n")
-        s = s.replace(quote[0], "\\" + quote[0])
-        return s
-
-    if len(quote) == 3:   # a docstring: its lines indented as the code around it
-        text = text.replace("\n", "\n" + indent).replace("\n" + indent + "\n", "\n\n")
-        ending = "\n" + indent if original.endswith("\n" + indent + quote) else ""
-        return prefix + quote + _escaped_fields(text, escape, is_fstring) + ending + quote
-    if "\n" not in original or len(text) <= 40:
-        return prefix + quote + _escaped_fields(text, escape, is_fstring) + quote
-    second = original.split("\n")[1]
-    indent = second[:len(second) - len(second.lstrip())]
-    chunks = _chunks(text, max(40, 96 - len(indent)))
-    joint = " \\\n" if re.search(r"\\[ \t]*\n", original) else "\n"   # a continued line
-    pieces_ = [prefix + quote + _escaped_fields(c, escape, is_fstring) + quote for c in chunks]
-    return (joint + indent).join(pieces_)
-
-
-def _escaped_fields(text: str, escape: Callable[[str], str], is_fstring: bool) -> str:
-    """Escape the text of a template but not its replacement fields' expressions."""
-    if not is_fstring:
-        return escape(text)
-    return "".join(part if field else escape(part) for field, part in template_parts(text))
-
-
-def _columns(text: str) -> int:
-    return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
-
-
-def _chunks(text: str, width: int) -> list[str]:
-    """`text` cut into pieces of about `width` columns (a wide character takes two), never
-    inside a replacement field or a hint tag, preferring a cut after punctuation or a space."""
-    protected, at = [], 0
-    for field, part in template_parts(text):
-        if field:
-            protected.append((at, at + len(part)))
-        at += len(part)
-    protected += [(m.start(), m.end()) for m in HINT_TAG.finditer(text)]
-    out, start = [], 0
-    while _columns(text[start:]) > width:
-        end = start
-        while _columns(text[start:end + 1]) <= width:
-            end += 1
-        cut = end
-        for good in range(end, start + (end - start) // 2, -1):
-            if text[good - 1] in "、。，．,. ）)」:：" and not any(a < good < b for a, b in protected):
-                cut = good
-                break
-        while any(a < cut < b for a, b in protected):
-            cut = next(b for a, b in protected if a < cut < b)
-        out.append(text[start:cut])
-        start = cut
-    out.append(text[start:])
-    return [c for c in out if c]
-
-
-def put_back(source: str, found: list[Piece], translate: Callable[[Piece], str | None]) -> str:
-    """`source` with each piece replaced by its translation (None: kept as it is)."""
-    out, last = [], 0
-    for piece in sorted(found, key=lambda p: p.start):
-        new = translate(piece)
-        if new is None or new == piece.text:
-            continue
-        out.append(source[last:piece.start])
-        original = source[piece.start:piece.end]
-        if piece.kind == "string":
-            line = source[source.rfind("\n", 0, piece.start) + 1:]
-            new = _string_literal(original, new, original.lstrip("rRbBuU")[:1] in "fF",
-                                  line[:len(line) - len(line.lstrip())])
-        out.append(new)
-        last = piece.end
-    out.append(source[last:])
-    return "".join(out)
-
-
-def _strings(tree: ast.AST) -> list[ast.AST]:
-    inside = {id(n) for j in ast.walk(tree) if isinstance(j, ast.JoinedStr)
-              for n in ast.walk(j) if n is not j}
-    return [n for n in ast.walk(tree) if id(n) not in inside and (
-        isinstance(n, ast.JoinedStr) or isinstance(n, ast.Constant) and isinstance(n.value, str))]
-
-
-def _blank_strings(tree: ast.AST) -> str:
-    class Blank(ast.NodeTransformer):
-        def visit_JoinedStr(self, node: ast.JoinedStr) -> ast.AST:
-            return ast.Constant("")
-
-        def visit_Constant(self, node: ast.Constant) -> ast.AST:
-            return ast.Constant("") if isinstance(node.value, str) else node
-
-    return ast.dump(Blank().visit(tree))
-
-
-def differs(english: str, translated: str) -> str | None:
-    """Why `translated` does not run as `english` does (None: it does): another syntax tree
-    once strings are set aside, a string that is data (not one a learner reads) changed, or an
-    f-string with other replacement fields."""
-    try:
-        one, two = ast.parse(_as_python(english)), ast.parse(_as_python(translated))
-    except SyntaxError as error:
-        return None if english == translated else f"not Python: {error}"
-    shown = {id(n) for n in _shown(one)}
-    strings_one, strings_two = _strings(one), _strings(two)
-    if _blank_strings(one) != _blank_strings(two) or len(strings_one) != len(strings_two):
-        return "the code differs, not only its text"
-    for a, b in zip(strings_one, strings_two, strict=True):
-        if id(a) not in shown and template(a) != template(b):
-            return f"the string {template(a)!r} is data and must stay as it is"
-        if id(a) in shown and sorted(fields(template(a))) != sorted(fields(template(b))):
-            return f"{template(b)!r} has other replacement fields than {template(a)!r}"
-    return None
-
-
-__all__ = ["HINT_TAG", "Piece", "code_pieces", "comment_pieces", "differs", "fields", "hint_tags",
-           "markdown_pieces", "pieces", "put_back", "string_pieces", "template", "template_parts"]
+__all__ = ["HINT_TAG", "Piece", "as_python", "code_pieces", "comment_pieces", "fields",
+           "hint_tags", "markdown_pieces", "pieces", "shown_strings", "string_pieces", "template",
+           "template_parts"]

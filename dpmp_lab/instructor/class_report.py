@@ -28,12 +28,14 @@ import nbformat
 from matplotlib.figure import Figure
 from nbgrader.api import MissingEntry
 
+from dpmp_lab import i18n
 from dpmp_lab.check.hints import HINT_TAG
 from dpmp_lab.instructor.course import gradebook_url
 from dpmp_lab.instructor.grading_job import open_gradebook
 from dpmp_lab.render import Table
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+ADVICE = "(?:" + "|".join(map(re.escape, i18n.LIKELY_MISTAKE.values())) + ")"   # any language
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
 BRACKETS = re.compile(r"\[[^\[\]]*\]")
 
@@ -94,7 +96,7 @@ def failure_keys(ename: str, evalue: str) -> list[str]:
         return [TIMEOUT]
     if ename == "TamperingDetected":
         return [TAMPERING]
-    advice = re.search(r"Likely mistake: (.*)", text, re.S)
+    advice = re.search(rf"{ADVICE} ?(.*)", text, re.S)
     if advice:   # a hint without a key: the mistake it names, not the numbers before it
         return [f"mistake: {_masked(advice.group(1))[:140]}"]
     masked = _masked(text)
@@ -225,7 +227,7 @@ def class_report(name: str, root: Path) -> ClassReport:
 
 def _gist(text: str, width: int = 110) -> str:
     """An example in one line: its likely-mistake lines where it has them, else its start."""
-    advice = re.search(r"Likely mistake: (.*?)(?:\n\[hint:|$)", ANSI.sub("", text), re.S)
+    advice = re.search(rf"{ADVICE} ?(.*?)(?:\n\[hint:|$)", ANSI.sub("", text), re.S)
     line = " ".join((advice.group(1) if advice else text).split())
     return line if len(line) <= width else line[:width - 3] + "..."
 

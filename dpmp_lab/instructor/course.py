@@ -127,8 +127,10 @@ def update_translations(language: str, *, root: Path | None = None) -> None:
     every = {name: _solution(root, name) for name in assignments(root)}
     for domain, po in i18n.update(language, every).items():
         path = i18n.catalogue_path(language, domain)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        po.save(str(path))
+        text = po.__unicode__()
+        if not path.exists() or path.read_text(encoding="utf-8") != text:   # only what changed
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
 
 
 def untranslated(names: list[str], language: str, *, root: Path | None = None) -> list[str]:
@@ -185,9 +187,11 @@ LEARNER_FILES = ("course", "dpmp_lab", "bootstrap.py", "pyproject.toml", "constr
 NOT_COPIED = shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints", "*.egg-info")
 
 
-def learner_copy(dest: Path, *, root: Path | None = None) -> list[str]:
+def learner_copy(dest: Path, *, root: Path | None = None,
+                 language: str = i18n.SOURCE) -> list[str]:
     """Lay out a course a learner can be given, into the new folder `dest` (`python3
-    bootstrap.py course` works there): `course/` from the course root `root` (its release),
+    bootstrap.py course` works there): `course/` from the course root `root` (its release, in
+    `language`: course-LANG/ for a translation, which JupyterLab then opens in that language),
     the rest of LEARNER_FILES from this package's checkout. The names copied."""
     checkout = PACKAGE_HOME
     root = root or repo_root()
@@ -196,13 +200,16 @@ def learner_copy(dest: Path, *, root: Path | None = None) -> list[str]:
         raise ValueError(f"{dest} is not empty: the learners' copy goes into a new folder")
     missing = [n for n in ("dpmp_lab", "bootstrap.py", "pyproject.toml")
                if not (checkout / n).exists()]
-    if missing or not (root / "course").is_dir():
-        raise ValueError(f"a learners' copy needs course/ in {root} and {', '.join(missing)} "
-                         f"in {checkout}" if missing else f"no course/ in {root}: run "
-                         "`dpmp-lab release` there first")
+    release = release_folder(root, language)
+    if missing or not release.is_dir():
+        raise ValueError(f"a learners' copy needs {release.name}/ in {root} and "
+                         f"{', '.join(missing)} in {checkout}" if missing else
+                         f"no {release.name}/ in {root}: run `dpmp-lab release"
+                         f"{'' if language == i18n.SOURCE else ' --lang ' + language}` there "
+                         "first")
     dest.mkdir(parents=True, exist_ok=True)
     for name in LEARNER_FILES:
-        source = (root if name == "course" else checkout) / name
+        source = release if name == "course" else checkout / name
         if source.is_dir():
             shutil.copytree(source, dest / name, ignore=NOT_COPIED)
         elif source.is_file():

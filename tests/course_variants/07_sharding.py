@@ -44,6 +44,129 @@ FSDP_SHARD_GRAD_A_VIEW = _edit("sharded_linear", (
     "return grad_x, grad_shard / world, None, None", "return grad_x, grad_shard, None, None"))
 
 
+# a good-faith learner's wrong versions (fourth pass): buffers made when the hooks are
+# registered (before backward), numbers through the default dtype, a collective per chunk
+ZERO2_FULL_BUFFERS_AT_REGISTRATION = {"zero2_hooks": '''
+def zero2_hooks(model: nn.Module) -> dict[str, torch.Tensor]:
+    """ZeRO-2's gradient path: from a hook on every parameter, keep this rank's chunk of the
+    averaged gradient and drop the full one, while backward runs. Returns {name: chunk},
+    filled by the hooks during backward."""
+    shards: dict[str, torch.Tensor] = {}
+    world = dist.get_world_size()
+    buffers = {}
+    for name, p in model.named_parameters():
+        c = -(-p.numel() // world)
+        buffers[name] = torch.zeros(c * world, dtype=p.dtype, device=p.device)
+
+    def make_hook(name):
+        def hook(p):
+            buf = buffers[name]
+            buf[:p.numel()].copy_(p.grad.reshape(-1))
+            p.grad = None
+            chunk = torch.empty(buf.numel() // world, dtype=buf.dtype, device=buf.device)
+            dist.reduce_scatter_tensor(chunk, buf)
+            shards[name] = chunk.div_(world)
+        return hook
+
+    for name, p in model.named_parameters():
+        p.register_post_accumulate_grad_hook(make_hook(name))
+    return shards
+'''}
+
+ZERO2_CHUNK_A_VIEW_OF_A_REGISTERED_BUFFER = {"zero2_hooks": '''
+def zero2_hooks(model: nn.Module) -> dict[str, torch.Tensor]:
+    """ZeRO-2's gradient path: from a hook on every parameter, keep this rank's chunk of the
+    averaged gradient and drop the full one, while backward runs. Returns {name: chunk},
+    filled by the hooks during backward."""
+    shards: dict[str, torch.Tensor] = {}
+    world, rank = dist.get_world_size(), dist.get_rank()
+    buffers = {}
+    for name, p in model.named_parameters():
+        c = -(-p.numel() // world)
+        buffers[name] = torch.zeros(c * world, dtype=p.dtype, device=p.device)
+
+    def make_hook(name):
+        def hook(p):
+            buf = buffers[name]
+            c = buf.numel() // world
+            buf[:p.numel()].copy_(p.grad.reshape(-1)).div_(world)
+            p.grad = None
+            out = torch.empty(c, dtype=buf.dtype, device=buf.device)
+            dist.reduce_scatter_tensor(out, buf)
+            buf[rank * c:(rank + 1) * c].copy_(out)
+            shards[name] = buf[rank * c:(rank + 1) * c]
+        return hook
+
+    for name, p in model.named_parameters():
+        p.register_post_accumulate_grad_hook(make_hook(name))
+    return shards
+'''}
+
+ZERO2_THROUGH_FLOAT32 = {"zero2_hooks": '''
+def zero2_hooks(model: nn.Module) -> dict[str, torch.Tensor]:
+    """ZeRO-2's gradient path: from a hook on every parameter, keep this rank's chunk of the
+    averaged gradient and drop the full one, while backward runs. Returns {name: chunk},
+    filled by the hooks during backward."""
+    shards: dict[str, torch.Tensor] = {}
+    world = dist.get_world_size()
+
+    def make_hook(name):
+        def hook(p):
+            g = p.grad.reshape(-1)
+            c = -(-g.numel() // world)
+            padded = torch.zeros(c * world, device=g.device)
+            padded[:g.numel()] = g
+            chunk = torch.empty(c, device=g.device)
+            dist.reduce_scatter_tensor(chunk, padded)
+            shards[name] = (chunk / world).to(g.dtype)
+            p.grad = None
+        return hook
+
+    for name, p in model.named_parameters():
+        p.register_post_accumulate_grad_hook(make_hook(name))
+    return shards
+'''}
+
+ZERO2_A_REDUCE_PER_RANK = {"zero2_hooks": '''
+def zero2_hooks(model: nn.Module) -> dict[str, torch.Tensor]:
+    """ZeRO-2's gradient path: from a hook on every parameter, keep this rank's chunk of the
+    averaged gradient and drop the full one, while backward runs. Returns {name: chunk},
+    filled by the hooks during backward."""
+    shards: dict[str, torch.Tensor] = {}
+    world, rank = dist.get_world_size(), dist.get_rank()
+
+    def make_hook(name):
+        def hook(p):
+            g = p.grad.reshape(-1)
+            c = -(-g.numel() // world)
+            padded = F.pad(g, (0, c * world - g.numel()))
+            p.grad = None
+            for j, piece in enumerate(padded.chunk(world)):
+                piece = piece.clone()
+                dist.reduce(piece, dst=j)
+                if j == rank:
+                    shards[name] = piece / world
+        return hook
+
+    for name, p in model.named_parameters():
+        p.register_post_accumulate_grad_hook(make_hook(name))
+    return shards
+'''}
+
+
+FP16_FACTOR_BY_RANK = {"reduce_scatter_fp16": '''
+def reduce_scatter_mean_fp16(grad16: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of the average of `grad16` (fp16, length divisible by N) over the
+    ranks, for fp32 master weights: reduced in fp16 (half the bytes of fp32), finite wherever
+    the average is."""
+    world = dist.get_world_size()
+    shard = torch.empty(grad16.numel() // world, dtype=torch.float16, device=grad16.device)
+    risky = grad16.abs().max().item() * world > 65504
+    dist.reduce_scatter_tensor(shard, grad16 / world if risky else grad16)
+    return shard.float() if risky else shard.float() / world
+'''}
+
+
 VARIANTS = [
     # -- 1 ZeRO-2 from gradient hooks ------------------------------------------------------------
     _seen({"name": "the chunk is the SUM over the ranks, not divided by their number",
@@ -100,6 +223,18 @@ VARIANTS = [
                "            p.padded_grad = padded\n"
                "            mine = torch.empty(size, dtype=p.grad.dtype, device=p.grad.device)\n")),
            "loses": _Z2, "visible_says": ["wherever a tensor is kept"]}),
+    _seen({"name": "a full-size padded buffer per parameter made at registration, reused",
+           "replace": ZERO2_FULL_BUFFERS_AT_REGISTRATION,
+           "loses": _Z2, "visible_says": ["wherever a tensor is kept"]}),
+    _seen({"name": "the chunk a view into a buffer made at registration",
+           "replace": ZERO2_CHUNK_A_VIEW_OF_A_REGISTERED_BUFFER,
+           "loses": _Z2, "visible_says": ["keeps that whole tensor alive"]}),
+    _seen({"name": "reduced through a float32 buffer, the chunk cast back to float64",
+           "replace": ZERO2_THROUGH_FLOAT32,
+           "loses": _Z2, "visible_says": ["sharding.zero2_dtype"]}),
+    _seen({"name": "a dist.reduce per chunk: N calls where one collective does it",
+           "replace": ZERO2_A_REDUCE_PER_RANK,
+           "loses": _Z2, "visible_says": ["N times the calls"]}),
     {"name": "right: the list form of reduce_scatter, divided in place",
      "replace": _edit("zero2_hooks", (
          "            dist.reduce_scatter_single(mine, padded, op=dist.ReduceOp.SUM)\n"
@@ -234,6 +369,9 @@ VARIANTS = [
                "    dist.reduce_scatter_single(out, grad16 / 8, op=dist.ReduceOp.SUM)\n"
                "    return out.float() * 8 / world")),
            "loses": _FP16, "visible_says": ["sharding.fp16_underflow"]}),
+    _seen({"name": "each rank pre-divides only if its own gradients could overflow the SUM",
+           "replace": FP16_FACTOR_BY_RANK,
+           "loses": _FP16, "visible_says": ["sharding.fp16_same_factor"]}),
     {"name": "right: divided in place before the SUM, on a copy",
      "replace": _edit("reduce_scatter_fp16", (
          "    dist.reduce_scatter_single(out, grad16 / world, op=dist.ReduceOp.SUM)\n",
