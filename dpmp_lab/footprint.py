@@ -228,36 +228,48 @@ class Reads(TorchDispatchMode):
 
 
 class Made(TorchDispatchMode):
-    """The storages the tensor operations in its window make (not those an in-place operation
-    writes into), followed by weak reference: `alive()` is the bytes of those still allocated,
-    whoever keeps them. Cheap enough to ask at every step of a loop, unlike `held()`."""
+    """The storages the tensor operations in its window make, and with `written` those they
+    fill (a module-level workspace made before), followed by weak reference: `alive()` is the
+    bytes still allocated, whoever keeps them; cheap enough to ask at every step of a loop."""
 
-    def __init__(self) -> None:
+    def __init__(self, written: bool = False) -> None:
         super().__init__()
+        self.written = written
         self._refs: dict[int, tuple[int, StorageWeakRef]] = {}
+
+    def _follow(self, t: Any) -> None:
+        if isinstance(t, torch.Tensor) and t.layout == torch.strided:
+            st = t.untyped_storage()
+            known = self._refs.get(st.data_ptr())
+            if known is None or known[1].expired():
+                self._refs[st.data_ptr()] = (st.nbytes(), StorageWeakRef(st))
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
                            kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        given = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs or {}))
+        out, kwargs = func(*args, **(kwargs or {})), kwargs or {}
+        given = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs))
                  if isinstance(t, torch.Tensor) and t.layout == torch.strided}
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor) and t.layout == torch.strided:
-                st = t.untyped_storage()
-                ptr = st.data_ptr()
-                known = self._refs.get(ptr)
-                if ptr not in given and (known is None or known[1].expired()):
-                    self._refs[ptr] = (st.nbytes(), StorageWeakRef(st))
+        fresh = [t for t in tree_leaves(out)
+                 if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in given]
+        if self.written:
+            # what an operator writes is in its `_schema` (no public name; torch's modes read it),
+            # but c10d's declare nothing: their first argument is what they fill
+            schema = func._schema.arguments
+            names = {a.name for a in schema if a.alias_info is not None and a.alias_info.is_write}
+            fresh += tree_leaves([a for i, (a, arg) in enumerate(zip(args, schema, strict=False))
+                                  if arg.name in names or (func.namespace == "c10d" and i == 0)]
+                                 + [v for k, v in kwargs.items() if k in names])
+        for t in fresh:
+            self._follow(t)
         return out
 
     def alive(self) -> int:
         return sum(size for size, ref in self._refs.values() if not ref.expired())
 
 
-def made() -> Made:
-    """`with dl.footprint.made() as m:` ... `m.alive()`: the bytes still allocated of what the
-    code inside made, wherever it is kept (a send's handle, a list, autograd's saved tensors)."""
-    return Made()
+def made(written: bool = False) -> Made:
+    """`with dl.footprint.made() as m:`: `m.alive()`, the bytes left of what the code made."""
+    return Made(written)
 
 
 def reads() -> Reads:

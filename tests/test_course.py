@@ -484,6 +484,12 @@ def in_one_job(name: str) -> list[int]:
     return [i for i, v in enumerate(variants(name)) if not writes_into_the_grader(name, v)]
 
 
+# where the first variant that fails visibly fails in a message of the library's (which is not
+# translated yet), the one graded in Japanese instead: a check of the notebook's own speaks
+IN_JAPANESE = {"04_pipeline": "DP x PP: the replicas' sum divided by dp x m (the micro-batches "
+                              "counted again)"}
+
+
 @functools.cache
 def in_japanese(name: str) -> int | None:
     """The variant nbgrader grades in Japanese, where `name`'s Japanese catalogue is complete,
@@ -493,9 +499,42 @@ def in_japanese(name: str) -> int | None:
     if name not in translated("ja"):
         return None
     sampled = [i for i in by_nbgrader(name) if not writes_into_the_grader(name, variants(name)[i])]
+    if name in IN_JAPANESE:
+        return next(i for i, v in enumerate(variants(name)) if v["name"] == IN_JAPANESE[name])
     return sampled[0] if sampled else next(
         (i for i, v in enumerate(variants(name))
          if v.get("visible") and not writes_into_the_grader(name, v)), None)
+
+
+# A hostile Japanese hand-in (the red team's, issue 41): every test cell marked unlocked by
+# hand (nbgrader still counts a grade cell as locked and keeps the flag), and an input
+# transformer that turns any cell holding hidden tests into a print of its source. Graded
+# where the gradebook's cells are decided by the gradebook, it runs nothing of the tests in
+# the learner's kernel: zero on every cell, no hidden line in its feedback.
+UNLOCKED_BY_HAND = "00_launch"
+LEAKING_HOOK = """import base64
+def _swap(lines):
+    src = "".join(lines)
+    if "BEGIN " "HIDDEN" in src:
+        return ["print('LEAK', %r)\\n" % base64.b64encode(src.encode()).decode()]
+    return lines
+get_ipython().input_transformers_post.append(_swap)
+"""
+
+
+def unlocked_by_hand(name: str) -> nbformat.NotebookNode:
+    from dpmp_lab import i18n
+
+    nb = i18n.translate(nbformat.read(ROOT / "course" / name / f"{name}.ipynb", as_version=4),
+                        "ja", name)
+    first = True
+    for cell in nb.cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if meta.get("solution") and cell.cell_type == "code" and first:
+            cell.source, first = LEAKING_HOOK, False
+        if meta.get("grade") and not meta.get("solution"):
+            meta["locked"] = False
+    return nb
 
 
 def japanese_student(name: str) -> str:
@@ -532,6 +571,8 @@ def _round_trip(root: Path, name: str) -> dict:
         mistake = variants(name)[in_japanese(name)]["replace"]
         wrong = with_replacements(source_notebook(name), mistake)
         _submit(root, japanese_student(name), name, i18n.translate(wrong, "ja", name))
+        if name == UNLOCKED_BY_HAND:
+            _submit(root, "ja_unlocked", name, unlocked_by_hand(name))
     course.nbgrader_steps([   # one process, as `dpmp-lab grade` runs a job
         Step(("generate_assignment", name, "--force")),   # dpmp-lab release's step
         Step(("autograde", name, "--create"), {"DPMP_LAB_DEVICE_AUDIT": "1"}),
@@ -974,6 +1015,22 @@ def test_a_japanese_hand_in_is_graded_alike_and_fed_back_in_japanese(graded, nam
               | hidden_lines(i18n.translate(source_notebook(name), "ja", name)))
     leaked = [line for line in hidden if line in text]
     assert not leaked, leaked[:3]
+
+
+@pytest.mark.parametrize("name", [n for n in ASSIGNMENTS if n == UNLOCKED_BY_HAND
+                                  and in_japanese(n) is not None])
+def test_test_cells_unlocked_by_hand_in_a_japanese_hand_in_still_run_as_the_grader_s(
+        graded, name):
+    import html
+
+    from dpmp_lab.instructor.nbgrader_plugin import hidden_lines
+
+    cells = scores_of(graded, name, "ja_unlocked")
+    assert cells and all(score == 0 for score, _ in cells.values()), cells
+    page = graded["roots"][name] / "feedback" / "ja_unlocked" / name / f"{name}.html"
+    text = html.unescape(re.sub(r"<[^>]+>", "", page.read_text()))
+    assert not re.search(r"LEAK\W+[A-Za-z0-9+/=]{40,}", text)   # the source the hook printed
+    assert not [line for line in hidden_lines(source_notebook(name)) if line in text]
 
 
 def test_a_learners_copy_holds_the_release_and_no_hidden_test(tmp_path, capsys, monkeypatch):

@@ -184,3 +184,14 @@ def test_made_follows_what_its_window_made_wherever_it_is_kept_and_nothing_else(
         y = torch.tanh(x)                                # its graph saves y
         del y                                            # y and its graph go; x stays
     assert made.alive() == 400 + 4 * 3 * 4
+
+
+def test_made_with_written_counts_a_buffer_made_before_that_the_window_fills():
+    workspace = torch.empty(100, dtype=torch.float64)      # 800 bytes, made before
+    untouched = torch.zeros(10, dtype=torch.float64)
+    with dl.footprint.made(written=True) as made:
+        workspace[:10].copy_(untouched + 1)                  # fills the workspace
+        assert made.alive() == 800                           # the sum (80 B) is gone
+    with dl.footprint.made() as plain:
+        workspace[:10].copy_(untouched + 1)
+    assert plain.alive() == 0

@@ -20,8 +20,9 @@ from .notebook_sources import translated
 
 ROOT = repo_root()
 # the notebooks whose Japanese catalogue is complete: every piece translated, none stale
-TRANSLATED = {"ja": ["00_launch", "01_collectives", "03_tensor_parallel", "05_hybrid",
-                     "06_planning", "08_performance", "09_context_parallel", "11_expert_parallel"]}
+TRANSLATED = {"ja": ["00_launch", "01_collectives", "02_data_parallel", "03_tensor_parallel",
+                     "04_pipeline", "05_hybrid", "06_planning", "07_sharding", "08_performance",
+                     "09_context_parallel", "10_pipeline_schedules", "11_expert_parallel"]}
 
 
 def solution(name: str) -> nbformat.NotebookNode:
@@ -160,17 +161,22 @@ def test_the_notebooks_translated_are_those_listed_and_lack_nothing(language):
     assert list(translated(language)) == TRANSLATED[language]
 
 
-def test_what_only_the_hidden_tests_say_stays_out_of_the_package():
-    """A hidden test's message (a recall's explanation) is translated in solutions/i18n, which
-    learners never get, not in the package they install."""
+def test_what_only_the_hidden_tests_and_the_answers_say_stays_out_of_the_package():
+    """A hidden test's message (a recall's explanation) or a model answer's comment is
+    translated in solutions/i18n, which learners never get, not in the package they install;
+    nothing in the package is missing from every release."""
+    every = {name: i18n.notebook_pieces(solution(name)) for name in assignments(ROOT)}
+    shown = {piece.text for pieces in every.values() for _, piece, hidden in pieces
+             if not hidden}
+    released = {p.text for name in assignments(ROOT) for _, p, _ in i18n.notebook_pieces(
+        nbformat.read(ROOT / "course" / name / f"{name}.ipynb", as_version=4))}
+    assert shown <= released
     for language in i18n.LANGUAGES[1:]:
         package = {e.msgid for path in i18n.catalogue_path(language, i18n.COMMON).parent.glob(
-            "*.po") for e in polib.pofile(str(path))}
-        for name in assignments(ROOT):
-            pieces = i18n.notebook_pieces(solution(name))
-            shown = {piece.text for _, piece, hidden in pieces if not hidden}
+            "*.po") for e in polib.pofile(str(path))}   # obsolete ones too
+        for name, pieces in every.items():
             secret = {piece.text for _, piece, hidden in pieces if hidden} - shown
-            assert secret, f"{name}: no hidden test says anything of its own?"
+            assert secret, f"{name}: no hidden test or answer says anything of its own?"
             assert not secret & package, sorted(secret & package)[:3]
             assert secret <= {e.msgid for domain in i18n.domains(name)
                               for e in i18n.load(language, domain)}

@@ -1,7 +1,8 @@
 """The translations of the course: one gettext catalogue per notebook and language
 (`dpmp_lab/i18n/<lang>/<notebook>.po`), and `common.po` for what every notebook shares
-(nbgrader's "YOUR CODE HERE"). What only the hidden tests say (their messages, a recall's
-explanation) is no learner's to read: it goes to the same files under the checkout's
+(nbgrader's "YOUR CODE HERE"). What only the hidden tests and the model answers say (a
+test's message, a recall's explanation, a solution's comments) is no learner's to read: it
+goes to the same files under the checkout's
 `solutions/i18n/<lang>/` (domain "hidden/<notebook>"), which learners never get and the grader
 reads beside the package's.
 
@@ -68,12 +69,13 @@ def _new(language: str) -> polib.POFile:
     return po
 
 
-def _hidden_spans(source: str) -> list[tuple[int, int]]:
+def _secret_spans(source: str) -> list[tuple[int, int]]:
+    """Where a cell's hidden tests and its model answer lie: what no release shows."""
     spans, start, offset = [], None, 0
     for line in source.splitlines(keepends=True):
-        if "BEGIN HIDDEN TESTS" in line:
+        if "BEGIN HIDDEN TESTS" in line or "BEGIN SOLUTION" in line:
             start = offset
-        elif "END HIDDEN TESTS" in line and start is not None:
+        elif ("END HIDDEN TESTS" in line or "END SOLUTION" in line) and start is not None:
             spans.append((start, offset))
             start = None
         offset += len(line)
@@ -82,11 +84,15 @@ def _hidden_spans(source: str) -> list[tuple[int, int]]:
 
 def notebook_pieces(nb: Any) -> list[tuple[str, Piece, bool]]:
     """(where, piece, hidden) for every piece of `nb`: where is the cell's grade id, or its
-    index; hidden, whether the piece lies in the cell's hidden tests."""
+    index; hidden, whether no release shows it (it lies in the cell's hidden tests or model
+    answer, or in a written answer's cell)."""
     out = []
     for index, cell in enumerate(nb.cells):
-        where = cell.metadata.get("nbgrader", {}).get("grade_id") or f"cell {index}"
-        spans = _hidden_spans(cell.source) if cell.cell_type == "code" else []
+        meta = cell.metadata.get("nbgrader", {})
+        where = meta.get("grade_id") or f"cell {index}"
+        whole = cell.cell_type == "markdown" and meta.get("solution")
+        spans = ([(0, len(cell.source))] if whole else
+                 _secret_spans(cell.source) if cell.cell_type == "code" else [])
         out += [(where, piece, any(a <= piece.start < b for a, b in spans))
                 for piece in pieces(cell.cell_type, cell.source)]
     return out

@@ -34,7 +34,7 @@ _DATA_CALLS = {"sub", "subn", "search", "match", "fullmatch", "findall", "findit
                "compile", "replace", "startswith", "endswith", "find", "rfind", "index", "count",
                "strip", "lstrip", "rstrip", "removeprefix", "removesuffix", "get", "pop",
                "getattr", "hasattr", "setattr", "getenv", "mark", "at", "encode", "decode"}
-_DATA_KEYWORDS = {"unit", "key", "sep", "end"}
+_DATA_KEYWORDS = {"unit", "key", "sep", "end", "prefix", "suffix"}
 _FENCE = re.compile(r"^\s*(```|~~~)")
 HINT_TAG = re.compile(r"\[hint: [^\]]+\]")
 

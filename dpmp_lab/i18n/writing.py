@@ -36,9 +36,10 @@ def _string_literal(original: str, text: str, is_fstring: bool, indent: str) -> 
     def escape(s: str) -> str:
         s = s.replace("\\", "\\\\")
         if len(quote) == 1:
-            s = s.replace("\n", "\\n")
-        s = s.replace(quote[0], "\\" + quote[0])
-        return s
+            return s.replace("\n", "\\n").replace(quote, "\\" + quote)
+        # triple quotes: only a run of three, or one at the very end, would close the string
+        s = s.replace(quote, "\\" + quote[0] * 3)
+        return s[:-1] + "\\" + s[-1] if s.endswith(quote[0]) else s
 
     if len(quote) == 3:   # a docstring: its lines indented as the code around it
         text = text.replace("\n", "\n" + indent).replace("\n" + indent + "\n", "\n\n")

@@ -85,34 +85,45 @@ def split_cells(nb: Any, own: dict[str, str] | None = None) -> tuple[list, list,
     return mine, given, tests
 
 
-def own_cells(resources: Any, language: str = i18n.SOURCE) -> dict[str, str] | None:
-    """{grade_id: source} of the assignment's locked cells, as the gradebook holds them (what
-    nbgrader's OverwriteCells put back) in `language` (as InTheLearnersLanguage writes them),
-    or None outside an autograde."""
+def locked_cells(resources: Any, language: str = i18n.SOURCE,
+                 kind: str | None = "code") -> dict[str, str] | None:
+    """{grade_id: source} of the assignment's locked cells (of cell type `kind`, or all), as
+    the gradebook holds them (what nbgrader's OverwriteCells put back) in `language` (the
+    grader's own translation), or None outside an autograde. Nothing of the submission's
+    metadata but its language decides it."""
     info = (resources or {}).get("nbgrader") or {}
     if not info.get("db_url") or not info.get("notebook"):
         return None
     try:
         with Gradebook(info["db_url"]) as gb:
             notebook = gb.find_notebook(info["notebook"], info["assignment"])
-            return {c.name: i18n.translate_source("code", c.source, language, info["notebook"])
-                    for c in notebook.source_cells if c.locked and c.cell_type == "code"}
+            return {c.name: i18n.translate_source(c.cell_type, c.source, language,
+                                                  info["notebook"])
+                    for c in notebook.source_cells
+                    if c.locked and (kind is None or c.cell_type == kind)}
     except MissingEntry:
         return None
 
 
+def own_cells(resources: Any, language: str = i18n.SOURCE) -> dict[str, str] | None:
+    """{grade_id: source} of the assignment's locked code cells, in `language`."""
+    return locked_cells(resources, language)
+
+
 class InTheLearnersLanguage(NbGraderPreprocessor):
-    """The locked cells nbgrader restored in English, written in the notebook's language."""
+    """The locked cells nbgrader restored in English, written in the notebook's language: every
+    cell whose grade id the gradebook holds as locked gets the gradebook's source, translated,
+    whatever the submission's metadata says of it (a test cell marked unlocked by hand is still
+    the notebook's own)."""
 
     def preprocess(self, nb: Any, resources: Any) -> tuple[Any, Any]:
         language = i18n.language_of(nb)
-        domain = resources["nbgrader"]["notebook"]
         if language != i18n.SOURCE:
+            locked = locked_cells(resources, language, kind=None) or {}
             for cell in nb.cells:
-                meta = cell.metadata.get("nbgrader", {})
-                if meta.get("locked") and not meta.get("solution"):
-                    cell.source = i18n.translate_source(cell.cell_type, cell.source, language,
-                                                        domain)
+                grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+                if grade_id in locked:
+                    cell.source = locked[grade_id]
         return nb, resources
 
 
@@ -176,7 +187,12 @@ class GuardedExecute(Execute):
         NotebookClient.__init__(self, nb, km)
         self.reset_execution_trackers()
         self._check_assign_resources(resources)
-        mine, given, tests = split_cells(nb, own_cells(resources, i18n.language_of(nb)))
+        own = own_cells(resources, i18n.language_of(nb))
+        for cell in nb.cells:   # fail closed: a cell with a locked cell's id runs that cell
+            grade_id = _nbgrader(cell).get("grade_id")
+            if own is not None and grade_id in own and cell.source != own[grade_id]:
+                cell.source = own[grade_id]
+        mine, given, tests = split_cells(nb, own)
         self._bytes = {}
         self.found = {"sandbox": self.sandbox, "limit": None, "forgery": [], "harness": True}
         # read before anything runs: a notebook the scan flags scores zero whatever it would

@@ -36,6 +36,7 @@ import shutil
 import site
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -80,7 +81,9 @@ def problem() -> str | None:
 
 @functools.lru_cache(maxsize=1)
 def _probe() -> str | None:
-    scratch = Path(os.environ.get("TMPDIR", "/tmp")) / f"dpmp-sandbox-probe-{os.getpid()}"
+    # a folder of its own: a pid is no name another process (in another pid namespace, or
+    # once this one is gone) cannot have too
+    scratch = Path(tempfile.mkdtemp(prefix="dpmp-sandbox-probe-"))
     rw = {scratch / "work": WORK, scratch / "home": HOME, scratch / "tmp": "/tmp"}
     for path in rw:
         path.mkdir(parents=True, exist_ok=True)
