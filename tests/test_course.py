@@ -494,14 +494,21 @@ IN_JAPANESE = {"04_pipeline": "DP x PP: the replicas' sum divided by dp x m (the
 def in_japanese(name: str) -> int | None:
     """The variant nbgrader grades in Japanese, where `name`'s Japanese catalogue is complete,
     in place of an English run (so the Japanese side costs no grading of its own): the sample
-    nbgrader grades in full where there is one, else the first whose visible test fails with
-    a check's message (the words a learner reads), handed in as "ja"."""
+    nbgrader grades in full where there is one, else a wrong answer to a recall or prediction
+    (every code cell stays the solution's, so the device audit of that run still covers the
+    whole solution, and the hidden test's explanation is what fails, in Japanese), else the
+    first whose visible test fails with a check's message. Handed in as "ja"."""
     if name not in translated("ja"):
         return None
     sampled = [i for i in by_nbgrader(name) if not writes_into_the_grader(name, variants(name)[i])]
+    if sampled:
+        return sampled[0]
     if name in IN_JAPANESE:
         return next(i for i, v in enumerate(variants(name)) if v["name"] == IN_JAPANESE[name])
-    return sampled[0] if sampled else next(
+    answers = [i for i, v in enumerate(variants(name)) if v["loses"]
+               and all(re.search("recall|predict", cell) for cell in v["loses"])
+               and not writes_into_the_grader(name, v)]
+    return answers[0] if answers else next(
         (i for i, v in enumerate(variants(name))
          if v.get("visible") and not writes_into_the_grader(name, v)), None)
 
