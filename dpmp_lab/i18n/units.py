@@ -1,7 +1,9 @@
-"""What a learner reads in a notebook, cut into the pieces a translator translates, and those
-pieces put back in another language.
+"""What a learner reads in a notebook, cut into the pieces a translator translates (writing.py
+puts them back in another language).
 
-A markdown cell is cut into blocks at its blank lines (a fenced code block stays whole). A code
+A markdown cell is cut into blocks at its blank lines (a fenced code block is code: no piece, and
+no cut inside it); a cell of a written answer, or the part of a code cell inside its
+solution or hidden-test markers, is a secret piece (catalogue.py keeps those apart). A code
 cell gives its comments, its docstrings and the strings a learner reads: what `print`,
 `display`, an `assert` or a raised exception shows, and any other string that is prose (two
 words or more) and not data the code compares or looks up (a dict key, a subscript, an operand
