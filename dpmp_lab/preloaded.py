@@ -9,9 +9,9 @@ generation: its collections and `gc.get_objects()` see only what the rank made (
 longer writes to the server's pages, which the fork shares (gc.freeze's documented use).
 dl.footprint.held walks `gc.get_objects()` for the tensors a rank holds: a tensor the server
 made before the freeze is one the rank held from its start, which held() leaves out anyway.
+(A kernel does the same when it imports dpmp_lab: `freeze_startup`, in _helpers.py.)
 """
 
-import gc
+from dpmp_lab._helpers import freeze_startup
 
-gc.collect()
-gc.freeze()
+freeze_startup()

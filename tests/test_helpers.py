@@ -46,3 +46,34 @@ def test_tensors_in_opens_modules_only_when_asked():
     expected = [*lin.parameters(), *norm.parameters(), *norm.buffers()]
     assert len(found) == len(expected) and all(f is e for f, e in zip(found, expected,
                                                                       strict=True))
+
+
+FREEZE_PROBE = """
+import gc, sys, time, torch
+{before}
+from dpmp_lab._helpers import freeze_startup
+import dpmp_lab as dl
+froze = freeze_startup()
+later = torch.ones(1000, dtype=torch.float64)     # made after: a walk still finds it
+start = time.perf_counter(); gc.collect(); took = time.perf_counter() - start
+with dl.footprint.held() as mem:
+    kept = [torch.zeros(500, dtype=torch.float64)]
+    mem.mark("kept")
+print(froze, gc.get_freeze_count() > 100_000, any(o is later for o in gc.get_objects()),
+      mem.at("kept"), took < 0.05 if froze else None)
+"""
+
+
+@pytest.mark.parametrize("before, expected", [
+    ("", "True True True 4000 True"),
+    ("early = torch.zeros(3)", "False False True 4000 None")])
+def test_freeze_startup_hides_the_imports_from_gc_but_never_a_tensor(before, expected):
+    """What the imports made leaves the collector's sight (a kernel's collections and
+    dl.footprint's walks get cheap), what comes after does not, and a process that already
+    holds a tensor is not frozen (the walks would lose it)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", FREEZE_PROBE.format(before=before)],
+                         capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split("\n")[-2] == expected, out.stdout + out.stderr
