@@ -100,11 +100,14 @@ def member_group(group: object, axis: str, kind: str, example: str) -> dist.Proc
 
 
 def ranks_text(ranks: Iterable[int]) -> str:
-    """'rank 2' or 'ranks 0, 1, 3': the start of a sentence about some ranks."""
+    """'rank 2' or 'ranks 0, 1, 3': the start of a sentence about some ranks (in the library's
+    language of the moment)."""
+    from dpmp_lab.i18n.messages import _  # here: the catalogues' module imports this one
+
     ranks = list(ranks)
     if len(ranks) == 1:
-        return f"rank {ranks[0]}"
-    return "ranks " + ", ".join(str(r) for r in ranks)
+        return _("rank {rank}").format(rank=ranks[0])
+    return _("ranks {ranks}").format(ranks=", ".join(str(r) for r in ranks))
 
 
 def short_repr(value: Any, limit: int = 40) -> str:

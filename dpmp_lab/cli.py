@@ -124,7 +124,8 @@ def lab(args: argparse.Namespace) -> int:
         argv.append("--allow-root")  # containers and cloud GPU boxes often run as root
     argv += args.extra
     print(f"starting JupyterLab on {directory}", flush=True)
-    os.execv(sys.executable, argv)
+    # the library's own messages in that language too, in every kernel it starts
+    os.execve(sys.executable, argv, {**os.environ, i18n.LANGUAGE_ENV: language})
     return 0  # not reached
 
 

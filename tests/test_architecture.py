@@ -391,6 +391,11 @@ def test_architecture_md_draws_the_layers_of_the_code():
                          + "\n  ".join(missing))
 
 
+# gettext's names for "translate this" and "mark this", which every translator's tool knows:
+# public by convention, however they are spelled (dpmp_lab/i18n/messages.py)
+GETTEXT = {"_", "N_"}
+
+
 def private_names_used_elsewhere(package_dir: Path) -> list[str]:
     """`module: what` for every private name of one module that another module imports or
     reads as module._name (an instance's private attributes are not counted)."""
@@ -408,7 +413,8 @@ def private_names_used_elsewhere(package_dir: Path) -> list[str]:
                 for alias in node.names:
                     if f"{source}.{alias.name}" in modules:
                         aliases[alias.asname or alias.name] = f"{source}.{alias.name}"
-                    elif alias.name.startswith("_") and not alias.name.startswith("__"):
+                    elif (alias.name.startswith("_") and not alias.name.startswith("__")
+                          and alias.name not in GETTEXT):
                         found.append(f"{module}: from {source} import {alias.name} "
                                      f"(line {node.lineno})")
             else:

@@ -401,3 +401,19 @@ def test_row_parts_names_the_learners_action_never_the_gold_one():
     assert "at action 1 (B1)" in wrong and "does not hold the same actions" in wrong
     messages = dl.check.row_parts(["send 1", "recv 1"], ["recv 1", "send 1"], "message", "the row")
     assert messages.startswith("got send 1, recv 1: it parts from the row at message 0")
+
+
+def test_seen_keeps_what_a_check_saw_and_drops_its_guess_at_the_cause():
+    """A test that knows the cause better words its own: e.seen() is the message without the
+    check's "Likely mistake" lines and hint keys, every wrong value still listed."""
+    with pytest.raises(CheckFailed) as caught:
+        dl.check.compare([{"a": torch.ones(3) * 3, "b": torch.zeros(2)}] * 2,
+                         {"a": torch.ones(3), "b": torch.ones(2)})
+    full, seen = str(caught.value), caught.value.seen()
+    assert "Likely mistake" in full and "[hint: scale." in full
+    assert "Likely mistake" not in seen and "[hint:" not in seen
+    assert "max abs error 2" in seen and "'b' on all ranks" in seen
+    with pytest.raises(CheckFailed) as caught:
+        dl.check.same_on_all_ranks([{"w": torch.ones(2)}, {"w": torch.zeros(2)}])
+    assert caught.value.seen() == ("On rank 1, 'w' differs from rank 0's by up to 1 at [0] "
+                                   "(rank 1 has 0, rank 0 has 1). Replicas must stay identical.")

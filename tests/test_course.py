@@ -484,8 +484,8 @@ def in_one_job(name: str) -> list[int]:
     return [i for i, v in enumerate(variants(name)) if not writes_into_the_grader(name, v)]
 
 
-# where the first variant that fails visibly fails in a message of the library's (which is not
-# translated yet), the one graded in Japanese instead: a check of the notebook's own speaks
+# where the first variant that fails visibly fails in a message of the library's (not all of
+# which is translated), the one graded in Japanese instead: a check of the notebook's own speaks
 IN_JAPANESE = {"04_pipeline": "DP x PP: the replicas' sum divided by dp x m (the micro-batches "
                               "counted again)"}
 

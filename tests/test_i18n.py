@@ -263,9 +263,97 @@ def test_the_japanese_release_is_the_same_assignment_and_a_learners_copy_opens_i
     assert cli.main(["learner-copy", str(copy), "--lang", "ja", "--root", str(root)]) == 0
     assert i18n.language_of_folder(copy / "course") == "ja"
     started = []
-    monkeypatch.setattr(os, "execv", lambda path, argv: started.append(argv))
+    monkeypatch.setattr(os, "execve", lambda path, argv, env: started.append((argv, env)))
     assert cli.main(["lab", "--dir", str(copy / "course"), "--no-browser"]) == 0
     settings = i18n.lab_settings("ja")
-    assert f"--LabApp.app_settings_dir={settings}" in started[0]
+    assert f"--LabApp.app_settings_dir={settings}" in started[0][0]
+    assert started[0][1]["DPMP_LAB_LANG"] == "ja"    # the library's messages in Japanese too
     assert json.loads((settings / "overrides.json").read_text())[
         "@jupyterlab/translation-extension:plugin"]["locale"] == "ja_JP"
+
+
+# -- the library's own messages -----------------------------------------------------------------
+
+
+def test_every_message_the_library_marks_is_translated_with_the_same_fields():
+    """Each `_("...")` and `N_("...")` of the package has a Japanese translation that is not
+    stale, with the English's replacement fields; the catalogue holds no other."""
+    from dpmp_lab._helpers import PACKAGE_DIR
+    from dpmp_lab.i18n import messages
+
+    assert len(messages.marked(PACKAGE_DIR)) >= 40
+    assert i18n.library_problems("ja", PACKAGE_DIR) == []
+    live = {e.msgid for e in i18n.load("ja", messages.DOMAIN) if not e.obsolete}
+    assert live == set(messages.marked(PACKAGE_DIR))
+
+
+def test_a_marker_holds_one_string_literal_and_a_lookup_of_a_name_is_allowed(tmp_path):
+    from dpmp_lab.i18n import messages
+
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "a.py").write_text('X = N_("kept for later")\ny = _("now {n}").format(n=1)\n'
+                                  "z = _(X)\n")
+    assert messages.marked(package) == {"kept for later": ["pkg/a.py:1"], "now {n}": ["pkg/a.py:2"]}
+    (package / "b.py").write_text('w = N_("a {0}" + "b")\n')
+    with pytest.raises(ValueError, match=r"pkg/b.py:1: N_\(\) takes one string literal"):
+        messages.marked(package)
+
+
+def test_the_library_speaks_the_language_dpmp_lab_lang_names(monkeypatch):
+    """A check's report, its likely mistake and a launch's failure in Japanese under
+    DPMP_LAB_LANG=ja; English without it, and for a language the package has no catalogue
+    for (the variable is anyone's to set)."""
+    import torch
+
+    import dpmp_lab as dl
+
+    def report() -> str:
+        with pytest.raises(dl.check.CheckFailed) as caught:
+            dl.check.compare([{"g": torch.ones(3) * 3}] * 2, {"g": torch.ones(3)})
+        return str(caught.value)
+
+    assert "differs from the reference" in report()
+    monkeypatch.setenv("DPMP_LAB_LANG", "ja")
+    japanese = report()
+    assert "参照値と異なります" in japanese and "考えられる誤り：" in japanese
+    assert "[hint: scale.sum_not_divided]" in japanese and "differs" not in japanese
+    with pytest.raises(dl.LaunchError) as caught:
+        dl.launch(_raises_on_rank_1, world_size=2, timeout=30, stream=False)
+    assert "2ランク中、ランク 1 が失敗しました" in str(caught.value), str(caught.value)
+    monkeypatch.setenv("DPMP_LAB_LANG", "xx")
+    assert "differs from the reference" in report()
+
+
+def _raises_on_rank_1() -> None:
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        raise ValueError("on purpose")
+
+
+def test_the_grader_runs_both_kernels_in_the_notebooks_language(tmp_path):
+    """Both kernels of a graded notebook (the learner's and the harness) see DPMP_LAB_LANG set
+    from the notebook's language, an allowlisted value: English for a language the package
+    does not know."""
+    import asyncio
+
+    from nbclient import NotebookClient
+
+    from dpmp_lab.instructor.two_kernels import harness_beside, run_step
+
+    async def spoken(language: str) -> tuple[str, str]:
+        nb = nbformat.v4.new_notebook()
+        nb.metadata["dpmp_lab"] = {"language": language}
+        nb.cells.append(nbformat.v4.new_code_cell("pass"))
+        client = NotebookClient(nb, timeout=120, kernel_name="python3")
+        probe = "import os; print(os.environ.get('DPMP_LAB_LANG'))"
+        async with harness_beside(client, [], timeout=120) as (harness, _):
+            step = nbformat.v4.new_code_cell(probe)
+            await client.async_execute_cell(step, 0)
+            there = await run_step(harness, probe, 0)
+        return (step.outputs[0]["text"].strip(),
+                "".join(o.get("text", "") for o in there.outputs).strip())
+
+    assert asyncio.run(spoken("ja")) == ("ja", "ja")
+    assert asyncio.run(spoken("klingon")) == ("en", "en")

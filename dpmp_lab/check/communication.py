@@ -25,6 +25,7 @@ from dpmp_lab.check.hints import (
     tag,
     where,
 )
+from dpmp_lab.i18n.messages import _
 from dpmp_lab.render import Table, cell, human_bytes
 from dpmp_lab.trace import Trace, matcher, traces_of
 
@@ -101,10 +102,12 @@ def overlaps_backward(traces: Any, op: str = "all_reduce", group: Any = None, *,
     if failures:
         lines = [f"On {ranks_text(ranks)}, {message}" for message, ranks in failures.items()]
         if blocking:
-            raise CheckFailed("\n".join(lines) + f"\nLikely mistake: {BLOCKING_HINT}\n"
-                              + tag(["overlap.blocking"]))
-        raise CheckFailed("\n".join(lines) + f"\nLikely mistake: {hint}\n"
-                          + tag(["overlap.after_backward" if hint == OVERLAP_HINT else "exercise.overlap"]))
+            raise CheckFailed("\n".join(lines) + "\n"
+                              + _("Likely mistake: {hint}").format(hint=_(BLOCKING_HINT))
+                              + "\n" + tag(["overlap.blocking"]))
+        raise CheckFailed("\n".join(lines) + "\n" + _("Likely mistake: {hint}").format(hint=_(hint))
+                          + "\n" + tag(["overlap.after_backward" if hint == OVERLAP_HINT
+                                        else "exercise.overlap"]))
 
 
 def parse_key(key: Any) -> Key:

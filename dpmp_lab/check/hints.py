@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from dpmp_lab.i18n.messages import N_, _
 from dpmp_lab.render import cell
 from dpmp_lab.trace import CommEvent, matcher
 
@@ -62,17 +63,20 @@ def exercise_key(key: tuple) -> str:
 
 # -- the fixed hints of single checks -----------------------------------------------------------
 
-REPLICA_HINT = ("the ranks started from different weights (broadcast from rank 0 missing) or "
-                "stepped with different gradients (gradients not averaged over the group).")
+REPLICA_HINT = N_("the ranks started from different weights (broadcast from rank 0 missing) "
+                  "or stepped with different gradients (gradients not averaged over the "
+                  "group).")
 
-OVERLAP_HINT = ("the gradient communication starts only once backward has computed every "
-                "gradient (launched after loss.backward(), in finish(), or all at once from "
-                "the last hook): launch each bucket from a gradient hook as soon as its last "
-                "gradient has arrived, so it travels while earlier layers still compute theirs")
+OVERLAP_HINT = N_("the gradient communication starts only once backward has computed every "
+                  "gradient (launched after loss.backward(), in finish(), or all at once from "
+                  "the last hook): launch each bucket from a gradient hook as soon as its last "
+                  "gradient has arrived, so it travels while earlier layers still compute "
+                  "theirs")
 
-BLOCKING_HINT = ("the hooks started each all-reduce at the right moment, then waited for it: a "
-                 "call without async_op returns once its result has arrived, so backward stood "
-                 "still meanwhile; overlap needs a handle at once, and the wait after backward")
+BLOCKING_HINT = N_("the hooks started each all-reduce at the right moment, then waited for it: "
+                   "a call without async_op returns once its result has arrived, so backward "
+                   "stood still meanwhile; overlap needs a handle at once, and the wait after "
+                   "backward")
 
 P2P_ADVICE = ("post each send together with its receive (dist.isend/dist.irecv, or "
               "dist.batch_isend_irecv, then wait), since on gloo a blocking send waits for its "
@@ -112,28 +116,27 @@ class ScaleHint:
 # the number of ranks of the run it cannot be the ranks.
 SCALE_HINTS: list[ScaleHint] = [
     ScaleHint(lambda s: s.factor == 0,
-              "every element is zero: the value was never filled in, or was zeroed after it "
-              "was computed (zero_grad in the wrong place?)", key="scale.zero"),
+              N_("every element is zero: the value was never filled in, or was zeroed after it "
+                 "was computed (zero_grad in the wrong place?)"), key="scale.zero"),
     ScaleHint(lambda s: s.whole is not None and s.world is not None and s.whole != s.world
               and s.factor < 1,
-              lambda s: f"every element is 1/{s.whole} of the reference: divided by {s.whole} "
-                        f"once too often (not the ranks: this run has {s.world}), or a wrong "
-                        "constant factor in the formula", key="scale.divided_too_often"),
+              N_("every element is 1/{n} of the reference: divided by {n} once too often (not "
+                 "the ranks: this run has {world}), or a wrong constant factor in the formula"),
+              key="scale.divided_too_often"),
     ScaleHint(lambda s: s.whole is not None and s.world is not None and s.whole != s.world,
-              lambda s: f"every element is {s.whole}x the reference: a sum over {s.whole} "
-                        f"micro-batches or parts that was not divided by {s.whole} (not over "
-                        f"the ranks: this run has {s.world}), or a wrong constant factor in the "
-                        "formula", key="scale.sum_not_divided"),
+              N_("every element is {n}x the reference: a sum over {n} micro-batches or parts "
+                 "that was not divided by {n} (not over the ranks: this run has {world}), or a "
+                 "wrong constant factor in the formula"), key="scale.sum_not_divided"),
     ScaleHint(lambda s: s.whole is not None and s.factor > 1,
-              lambda s: f"every element is {s.whole}x the reference: a sum over {s.whole} ranks "
-                        f"or micro-batches that was not divided by {s.whole} (an average is "
-                        "sum / count)", key="scale.sum_over_ranks_not_divided"),
+              N_("every element is {n}x the reference: a sum over {n} ranks or micro-batches "
+                 "that was not divided by {n} (an average is sum / count)"),
+              key="scale.sum_over_ranks_not_divided"),
     ScaleHint(lambda s: s.whole is not None,
-              lambda s: f"every element is 1/{s.whole} of the reference: divided by {s.whole} "
-                        f"once too often, or only this rank's part without the sum over "
-                        f"{s.whole} ranks", key="scale.divided_by_ranks_too_often"),
+              N_("every element is 1/{n} of the reference: divided by {n} once too often, or "
+                 "only this rank's part without the sum over {n} ranks"),
+              key="scale.divided_by_ranks_too_often"),
     ScaleHint(lambda s: True,
-              lambda s: f"every element is {s.factor:.3g}x the reference (a wrong scale factor)",
+              N_("every element is {factor:.3g}x the reference (a wrong scale factor)"),
               key="scale.wrong_factor"),
 ]
 
@@ -154,7 +157,10 @@ def keyed_scale_hint(actual: torch.Tensor, expected: torch.Tensor, rtol: float, 
     hint = next((h for h in SCALE_HINTS if h.when(scale)), None)
     if hint is None:
         return "", ""
-    return hint.key, hint.says if isinstance(hint.says, str) else hint.says(scale)
+    if isinstance(hint.says, str):
+        return hint.key, _(hint.says).format(n=scale.whole, world=scale.world,
+                                             factor=scale.factor)
+    return hint.key, hint.says(scale)
 
 
 # -- a rank's communication, expected against seen ---------------------------------------------

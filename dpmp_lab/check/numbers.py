@@ -20,6 +20,7 @@ from dpmp_lab._helpers import ranks_text
 from dpmp_lab.check import communication
 from dpmp_lab.check.failed import CheckFailed
 from dpmp_lab.check.hints import REPLICA_HINT, keyed_scale_hint, tag
+from dpmp_lab.i18n.messages import _
 from dpmp_lab.launcher.launch import launch
 from dpmp_lab.models import default_dtype
 
@@ -38,8 +39,9 @@ def close(actual: Any, expected: Any, *, name: str = "value", rank: int | None =
     another whole number from blaming the ranks."""
     problem = _difference(actual, expected, rtol, atol, world=world)
     if problem:
-        where = f"rank {rank}: {name!r}" if rank is not None else repr(name)
-        raise CheckFailed(f"{where} {problem}")
+        where = (_("rank {rank}: {name!r}").format(rank=rank, name=name) if rank is not None
+                 else repr(name))
+        raise CheckFailed(_("{where} {problem}").format(where=where, problem=problem))
 
 
 def compare(values: Sequence[Any], expected: Any, *, rtol: float | None = None,
@@ -57,8 +59,8 @@ def compare(values: Sequence[Any], expected: Any, *, rtol: float | None = None,
         got_map = _as_mapping(got)
         for name, exp in _as_mapping(_expected_for(expected, rank, len(values))).items():
             if name not in got_map:
-                failures.append((rank, name, f"is missing: rank {rank} returned "
-                                 f"{_names(got_map)}"))
+                failures.append((rank, name, _("is missing: rank {rank} returned {names}").format(
+                    rank=rank, names=_names(got_map))))
                 continue
             problem = _difference(got_map[name], exp, rtol, atol, world=len(values))
             if problem:
@@ -78,20 +80,23 @@ def same_on_all_ranks(values: Sequence[Any], names: Iterable[str] | None = None,
         first = torch.as_tensor(maps[0][name]).detach().cpu().double()
         for rank in range(1, len(maps)):
             if name not in maps[rank]:
-                raise CheckFailed(f"rank {rank} returned no {name!r}")
+                raise CheckFailed(_("rank {rank} returned no {name!r}").format(rank=rank,
+                                                                               name=name))
             mine = torch.as_tensor(maps[rank][name]).detach().cpu().double()
             if mine.shape == first.shape and torch.allclose(mine, first, rtol=rtol, atol=atol):
                 continue
             if mine.shape != first.shape:
-                how = f"has shape {tuple(mine.shape)}, rank 0's {tuple(first.shape)}"
+                how = _("has shape {shape}, rank 0's {first}").format(
+                    shape=tuple(mine.shape), first=tuple(first.shape))
             else:
                 err, at = _largest_error(mine, first)
-                how = (f"differs from rank 0's by up to {err:.3g}"
-                       f"{' at ' + str(list(at)) if at else ''} (rank {rank} has "
-                       f"{mine[at].item():.6g}, rank 0 has {first[at].item():.6g})")
+                how = _("differs from rank 0's by up to {err:.3g}{at} (rank {rank} has "
+                        "{mine:.6g}, rank 0 has {first:.6g})").format(
+                    err=err, at=_at(at), rank=rank, mine=mine[at].item(), first=first[at].item())
             raise CheckFailed(
-                f"On rank {rank}, {name!r} {how}. Replicas must stay identical.\n"
-                f"Likely mistake: {hint}\n"
+                _("On rank {rank}, {name!r} {how}. Replicas must stay identical.").format(
+                    rank=rank, name=name, how=how) + "\n"
+                + _("Likely mistake: {hint}").format(hint=_(hint)) + "\n"
                 + tag(["replicas_differ" if hint == REPLICA_HINT else "exercise.replicas"]))
 
 
@@ -166,7 +171,7 @@ def _as_mapping(value: Any) -> Mapping[str, Any]:
 def _names(mapping: Mapping) -> str:
     names = list(mapping)
     if not names:
-        return "nothing"
+        return _("nothing")
     return ", ".join(repr(n) for n in names[:8]) + (" ..." if len(names) > 8 else "")
 
 
@@ -185,25 +190,29 @@ def _difference(actual: Any, expected: Any, rtol: float, atol: float,
                 world: int | None = None) -> str:
     """'' when close enough, else a sentence that says how far off and what it suggests."""
     if expected is None:
-        return "" if actual is None else "should be None"
+        return "" if actual is None else _("should be None")
     if actual is None:
-        return ("is None: it was never computed (no gradient reached this parameter: was "
-                "backward run, and is the parameter used in forward?)")
+        return _("is None: it was never computed (no gradient reached this parameter: was "
+                 "backward run, and is the parameter used in forward?)")
     try:
         a = torch.as_tensor(actual).detach().cpu()
         e = torch.as_tensor(expected).detach().cpu()
     except (TypeError, ValueError, RuntimeError):
-        return "" if actual == expected else f"is {actual!r}, expected {expected!r}"
+        return "" if actual == expected else _("is {actual!r}, expected {expected!r}").format(
+            actual=actual, expected=expected)
     if a.shape != e.shape:
         return _shape_difference(a, e)
     if not (a.is_floating_point() or a.is_complex()):
         if torch.equal(a, e.to(a.dtype)):
             return ""
         if a.numel() == 1:
-            return f"is {a.item()}, expected {e.item()}"
+            return _("is {actual}, expected {expected}").format(actual=a.item(),
+                                                                expected=e.item())
         first = tuple(int(i) for i in (a != e).nonzero()[0])
-        return (f"differs in {(a != e).sum().item()} of {a.numel()} elements (first at "
-                f"{list(first)}: got {a[first].item()}, expected {e[first].item()})")
+        return _("differs in {wrong} of {numel} elements (first at {at}: got {actual}, "
+                 "expected {expected})").format(wrong=(a != e).sum().item(), numel=a.numel(),
+                                                at=list(first), actual=a[first].item(),
+                                                expected=e[first].item())
     a64, e64 = a.double(), e.double()
     if torch.allclose(a64, e64, rtol=rtol, atol=atol, equal_nan=True):
         return ""
@@ -213,25 +222,38 @@ def _difference(actual: Any, expected: Any, rtol: float, atol: float,
     big = e64.abs() >= scale
     rel = (((a64 - e64).abs()[big] / e64.abs()[big]).nan_to_num(float("inf")).max().item()
            if big.any() else None)
-    text = (f"differs from the reference: max abs error {worst:.3g}"
-            f"{' at ' + str(list(at)) if at else ''} (got {a64[at].item():.6g}, "
-            f"expected {e64[at].item():.6g})"
-            + (f", max rel error {rel:.3g} (where |expected| >= {scale:.2g})"
-               if rel is not None else "")
-            + f"; allowed |got - expected| <= {atol:g} + {rtol:g} * |expected|")
+    text = (_("differs from the reference: max abs error {worst:.3g}{at} (got {actual:.6g}, "
+              "expected {expected:.6g})").format(worst=worst, at=_at(at), actual=a64[at].item(),
+                                                 expected=e64[at].item())
+            + (_(", max rel error {rel:.3g} (where |expected| >= {scale:.2g})").format(
+                rel=rel, scale=scale) if rel is not None else "")
+            + ALLOWED + _("allowed |got - expected| <= {atol:g} + {rtol:g} * |expected|").format(
+                atol=atol, rtol=rtol))
     key, hint = keyed_scale_hint(a64, e64, rtol, atol, world)
-    return text + (f".\n  Likely mistake: {hint} {tag([key])}" if hint else "")
+    return text + ((".\n  " + _("Likely mistake: {hint}").format(hint=hint) + f" {tag([key])}")
+                   if hint else "")
+
+
+# what separates how far off a value is from the tolerance it was allowed (the list of every
+# wrong value leaves the tolerance out)
+ALLOWED = "; "
+
+
+def _at(at: tuple[int, ...]) -> str:
+    return _(" at {index}").format(index=list(at)) if at else ""
 
 
 def _shape_difference(a: torch.Tensor, e: torch.Tensor) -> str:
-    msg = f"has shape {tuple(a.shape)}, expected {tuple(e.shape)}"
+    msg = _("has shape {shape}, expected {expected}").format(
+        shape=tuple(a.shape), expected=tuple(e.shape))
     if not a.numel():
-        return msg + ": it is empty (nothing was filled in, gathered or concatenated)"
+        return msg + _(": it is empty (nothing was filled in, gathered or concatenated)")
     if e.numel() % a.numel() == 0 and e.numel() != a.numel():
-        return msg + (f": 1/{e.numel() // a.numel()} of the elements, a shard rather than the "
-                      "whole tensor (gather missing, or the wrong dimension split?)")
+        return msg + _(": 1/{n} of the elements, a shard rather than the whole tensor (gather "
+                       "missing, or the wrong dimension split?)").format(n=e.numel() // a.numel())
     if e.numel() and a.numel() % e.numel() == 0 and e.numel() != a.numel():
-        return msg + f": {a.numel() // e.numel()}x the elements (gathered along the wrong dim?)"
+        return msg + _(": {n}x the elements (gathered along the wrong dim?)").format(
+            n=a.numel() // e.numel())
     return msg
 
 
@@ -246,14 +268,18 @@ def _largest_error(a: torch.Tensor, e: torch.Tensor) -> tuple[float, tuple[int, 
 def _report(failures: list[tuple[int, str, str]], world: int) -> str:
     """The first failure in full, then every wrong tensor with the ranks it is wrong on."""
     rank, name, problem = failures[0]
-    lines = [f"On rank {rank}, {name!r} {problem}"]
+    lines = [_("On rank {rank}, {name!r} {problem}").format(
+        rank=rank, name=name, problem=problem)]
     if len(failures) > 1:
         by_name: dict[str, list[tuple[int, str]]] = {}
         for r, n, p in failures:
             by_name.setdefault(n, []).append((r, p))
-        lines += ["", f"All {len(failures)} wrong values (tensor, ranks, first problem):"]
+        lines += ["", _("All {n} wrong values (tensor, ranks, first problem):").format(
+            n=len(failures))]
         for n, cases in by_name.items():
-            ranks = "all ranks" if len(cases) == world else ranks_text(r for r, _ in cases)
-            short = cases[0][1].split("; allowed")[0].splitlines()[0]
-            lines.append(f"  {n!r} on {ranks}: {short}")
+            ranks = (_("all ranks") if len(cases) == world
+                     else ranks_text(r for r, _problem in cases))
+            short = cases[0][1].split(ALLOWED)[0].splitlines()[0]
+            lines.append("  " + _("{name!r} on {ranks}: {problem}").format(
+                name=n, ranks=ranks, problem=short))
     return "\n".join(lines)

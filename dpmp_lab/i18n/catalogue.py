@@ -26,14 +26,13 @@ from typing import Any
 import polib
 
 from dpmp_lab._helpers import PACKAGE_HOME
+from dpmp_lab.i18n.messages import DOMAIN, LANGUAGES, SOURCE, marked
 from dpmp_lab.i18n.units import Piece, fields, hint_tags, pieces
 from dpmp_lab.i18n.writing import differs, put_back
 
 HERE = Path(__file__).resolve().parent
 HIDDEN = "hidden/"        # a domain's prefix: under solutions/i18n, the grader's side only
 HIDDEN_HOME = PACKAGE_HOME / "solutions" / "i18n"
-SOURCE = "en"
-LANGUAGES = ("en", "ja")
 COMMON = "common"
 NAMES = {"en": "English", "ja": "日本語"}
 # the words that introduce a check's hint, which `dpmp-lab report` finds in any language
@@ -58,10 +57,11 @@ def domains(domain: str) -> list[str]:
 
 def load(language: str, domain: str) -> polib.POFile:
     path = catalogue_path(language, domain)
-    return polib.pofile(str(path), wrapwidth=0) if path.exists() else _new(language)
+    return polib.pofile(str(path), wrapwidth=0) if path.exists() else new_catalogue(language)
 
 
-def _new(language: str) -> polib.POFile:
+def new_catalogue(language: str) -> polib.POFile:
+    """An empty catalogue of `language`, as every catalogue of the package starts."""
     po = polib.POFile(wrapwidth=0)
     po.metadata = {"Project-Id-Version": "dpmp_lab", "Language": language,
                    "MIME-Version": "1.0", "Content-Type": "text/plain; charset=UTF-8",
@@ -98,8 +98,10 @@ def notebook_pieces(nb: Any) -> list[tuple[str, Piece, bool]]:
     return out
 
 
-def _entry(msgid: str, kind: str, places: list[str], known: dict[str, polib.POEntry],
-           stale: dict[str, polib.POEntry]) -> polib.POEntry:
+def carried_entry(msgid: str, kind: str, places: list[str], known: dict[str, polib.POEntry],
+                  stale: dict[str, polib.POEntry]) -> polib.POEntry:
+    """The entry of `msgid` with the translation it had (`known`), or the nearest lost one
+    (`stale`, taken from it) marked fuzzy, or none; found at `places`."""
     entry = known.get(msgid)
     if entry is None:
         entry = polib.POEntry(msgid=msgid, msgstr="")
@@ -140,7 +142,7 @@ def update(language: str, notebooks: dict[str, Any]) -> dict[str, polib.POFile]:
     wanted = set(found)
     out = {}
     for domain, po in old.items():
-        fresh = _new(language)
+        fresh = new_catalogue(language)
         fresh.metadata.update(po.metadata)
         stale = {e.msgid: e for e in po if e.msgstr and e.msgid not in wanted}
         base = domain.removeprefix(HIDDEN)
@@ -152,7 +154,7 @@ def update(language: str, notebooks: dict[str, Any]) -> dict[str, polib.POFile]:
                 continue
             kind = next(iter(by_notebook.values()))[0]
             places = [p for _, ps in by_notebook.values() for p in dict.fromkeys(ps)]
-            fresh.append(_entry(msgid, kind, places, known, stale))
+            fresh.append(carried_entry(msgid, kind, places, known, stale))
         for entry in stale.values():
             entry.obsolete, entry.occurrences = True, []
             fresh.append(entry)
@@ -270,7 +272,37 @@ def language_of(nb: Any) -> str:
     return language if language in LANGUAGES else SOURCE
 
 
-__all__ = ["COMMON", "HIDDEN", "LANGUAGES", "LIKELY_MISTAKE", "NAMES", "SOURCE", "catalogue_path",
-           "domains", "entry_problem",
+def update_library(language: str, package: Path) -> polib.POFile:
+    """The library catalogue of `language` in step with the messages `package` marks: a new
+    one untranslated, a changed one with its old translation marked fuzzy, a lost one kept
+    obsolete."""
+    old = load(language, DOMAIN)
+    known = {e.msgid: e for e in old if e.msgstr}
+    found = marked(package)
+    stale = {e.msgid: e for e in old if e.msgstr and e.msgid not in found}
+    fresh = new_catalogue(language)
+    fresh.metadata.update(old.metadata)
+    for msgid, places in found.items():
+        fresh.append(carried_entry(msgid, "string", places, known, stale))
+    for entry in stale.values():
+        entry.obsolete, entry.occurrences = True, []
+        fresh.append(entry)
+    return fresh
+
+
+def library_problems(language: str, package: Path) -> list[str]:
+    """Each marked message the catalogue of `language` lacks, has stale or breaks."""
+    entries = {e.msgid: e for e in load(language, DOMAIN) if not e.obsolete}
+    out = []
+    for msgid, places in marked(package).items():
+        entry = entries.get(msgid)
+        why = entry_problem(entry) if entry is not None else "not in the catalogue"
+        if why:
+            out.append(f"{DOMAIN} {places[0]}: {why}: {msgid[:70]!r}")
+    return out
+
+
+__all__ = ["COMMON", "HIDDEN", "LANGUAGES", "LIKELY_MISTAKE", "NAMES", "SOURCE", "carried_entry",
+           "catalogue_path", "domains", "entry_problem", "library_problems", "new_catalogue",
            "lab_settings", "language_of", "language_of_folder", "load", "notebook_pieces",
-           "problems", "translate", "translate_source", "translator", "update"]
+           "problems", "translate", "translate_source", "translator", "update", "update_library"]

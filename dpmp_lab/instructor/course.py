@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from dpmp_lab import i18n
-from dpmp_lab._helpers import PACKAGE_HOME, tail
+from dpmp_lab._helpers import PACKAGE_DIR, PACKAGE_HOME, tail
+from dpmp_lab.i18n import messages
 from dpmp_lab.instructor.nbgrader_steps import Step, command
 
 ASSIGNMENT = re.compile(r"\d\d_[a-z0-9_]+")
@@ -125,7 +126,9 @@ def update_translations(language: str, *, root: Path | None = None) -> None:
     """Every catalogue of `language` in step with every notebook of solutions/."""
     root = root or repo_root()
     every = {name: _solution(root, name) for name in assignments(root)}
-    for domain, po in i18n.update(language, every).items():
+    catalogues = {**i18n.update(language, every),
+                  messages.DOMAIN: i18n.update_library(language, PACKAGE_DIR)}
+    for domain, po in catalogues.items():
         path = i18n.catalogue_path(language, domain)
         text = po.__unicode__()
         if not path.exists() or path.read_text(encoding="utf-8") != text:   # only what changed
@@ -134,13 +137,15 @@ def update_translations(language: str, *, root: Path | None = None) -> None:
 
 
 def untranslated(names: list[str], language: str, *, root: Path | None = None) -> list[str]:
-    """What the catalogues of `language` lack for the assignments `names` (one line each)."""
+    """What the catalogues of `language` lack for the assignments `names` (one line each),
+    the library's own messages included (every notebook shows them)."""
     root = root or repo_root()
     unknown = sorted(set(names) - set(assignments(root)))
     if unknown:
         raise ValueError(no_such_assignment(unknown, root))
-    return [line for name in names
-            for line in i18n.problems(_solution(root, name), language, name)]
+    return [*(line for name in names
+              for line in i18n.problems(_solution(root, name), language, name)),
+            *i18n.library_problems(language, PACKAGE_DIR)]
 
 
 def translated_release(names: list[str], language: str, *, root: Path | None = None,

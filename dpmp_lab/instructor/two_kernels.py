@@ -31,9 +31,11 @@ from nbclient import NotebookClient
 from nbclient.exceptions import DeadKernelError
 from nbformat import NotebookNode
 
+from dpmp_lab import i18n
 from dpmp_lab.harness.agent import ANSWER, REQUEST
 from dpmp_lab.harness.codec import MAX_BYTES
 from dpmp_lab.harness.plan import Plan, Where
+from dpmp_lab.i18n.messages import LANGUAGE_ENV
 from dpmp_lab.instructor import sandbox, submitted
 from dpmp_lab.instructor.sandbox_kernel import SandboxedKernelManager
 from dpmp_lab.launcher.starting import WARM_ENV
@@ -246,12 +248,14 @@ async def harness_beside(learner: NotebookClient, names: frozenset[str],
             outside = folder / "exchange"
             outside.mkdir()
             inside = str(outside)
+        # the library speaks the notebook's language in both kernels (and their ranks)
+        spoken = {**os.environ, LANGUAGE_ENV: i18n.language_of(learner.nb)}
         # the harness launches only the library's references, rarely: no forkserver warmed
         # up at dpmp_lab's import (torch loaded once more, for nothing, in every job)
-        env = {**os.environ, WARM_ENV: "0"}
+        env = {**spoken, WARM_ENV: "0"}
         # both processes start before either is waited for: each spends a second or two
         # importing torch
-        await asyncio.gather(learner.async_start_new_kernel(),
+        await asyncio.gather(learner.async_start_new_kernel(env=spoken),
                              harness.async_start_new_kernel(cwd=str(folder), env=env))
         async with learner.async_setup_kernel(), \
                 harness.async_setup_kernel(cleanup_kc=True):

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dpmp_lab._helpers import indent, ranks_text, tail
+from dpmp_lab.i18n.messages import _
 from dpmp_lab.launcher import flight
 from dpmp_lab.launcher.hints import (
     DESTROYED_GROUP_HINT,
@@ -66,9 +67,10 @@ class RankFailure:
 
     def describe(self, alike: Sequence[int] = ()) -> str:
         """What went wrong in this rank, or in the ranks `alike` that failed the same way."""
-        who = ranks_text(alike) if len(alike) > 1 else f"rank {self.rank}"
+        who = ranks_text(alike if len(alike) > 1 else [self.rank])
         if self.reason == Reason.EXCEPTION:
-            head = f"{who} raised {self.exc_type}: {self.message}"
+            head = _("{who} raised {error}: {message}").format(who=who, error=self.exc_type,
+                                                               message=self.message)
             return head + "\n" + indent(self.traceback.rstrip())
         if self.reason == Reason.SIGNAL:
             head = (
@@ -78,7 +80,8 @@ class RankFailure:
             if self.traceback:
                 head += "\n" + indent(self.traceback.rstrip())
         elif self.reason == Reason.EXIT:
-            head = f"{who} exited with code {self.exitcode} before returning"
+            head = _("{who} exited with code {code} before returning").format(
+                who=who, code=self.exitcode)
         elif self.reason == Reason.UNGUARDED:
             head = (f"{who} stopped while importing the main script, which calls "
                     "dl.launch at its top level")
@@ -92,7 +95,8 @@ class RankFailure:
             if self.traceback:
                 head += "\n" + indent(self.traceback.rstrip())
         if self.output_tail.strip():
-            head += f"\n  last output of {who}:\n" + indent(self.output_tail.rstrip(), 4)
+            head += ("\n  " + _("last output of {who}:").format(who=who) + "\n"
+                     + indent(self.output_tail.rstrip(), 4))
         return head
 
 
@@ -124,22 +128,24 @@ class LaunchError(RuntimeError):
         super().__init__(self.report())
 
     def _default_summary(self) -> str:
-        return f"{ranks_text(self.failures)} of {self.world_size} failed"
+        return _("{ranks} of {world} failed").format(
+            ranks=ranks_text(self.failures), world=self.world_size)
 
     def report(self) -> str:
         lines = [self.summary]
         for group in alike(self.failures):
             lines.append(group[0].describe(sorted(f.rank for f in group)))
         if self.finished:
-            lines.append(f"{ranks_text(self.finished)} had returned.")
+            lines.append(_("{ranks} had returned.").format(ranks=ranks_text(self.finished)))
         if self.stopped:
-            lines.append(f"{ranks_text(self.stopped)}: stopped by the launcher (they were "
-                         "waiting on the ranks above, or lost their connection to them).")
+            lines.append(_("{ranks}: stopped by the launcher (they were waiting on the ranks "
+                           "above, or lost their connection to them).").format(
+                ranks=ranks_text(self.stopped)))
         recorded = flight.summary(self.flight_records, self.world_size)
         if recorded and isinstance(self, LaunchTimeout):
             lines.append(recorded)
         if self.hint:
-            lines.append(f"Hint: {self.hint}")
+            lines.append(_("Hint: {hint}").format(hint=self.hint))
         return "\n".join(lines)
 
     def _render_traceback_(self) -> list[str]:
