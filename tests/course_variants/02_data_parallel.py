@@ -115,15 +115,22 @@ VARIANTS = [
      "replace": _edit("shard_batch", ("return batch[rank * per_rank:(rank + 1) * per_rank]",
                                       "return batch[:per_rank]")),
      "loses": ["shard_batch_tests"],
-     "visible": ["shard_batch_tests"], "visible_says": ["its own contiguous slice"]},
+     "visible": ["shard_batch_tests"], "visible_says": ["one contiguous slice", "dp.shard_slice"]},
     {"name": "a batch that does not split evenly is not refused",
      "replace": _edit("shard_batch", ("if n % world_size:", "if n < world_size:")),
      "loses": ["shard_batch_tests"],
      "visible": ["shard_batch_tests"], "visible_says": ["should raise ValueError"]},
+    {"name": "an assert where a ValueError belongs",
+     "replace": _edit("shard_batch", (
+         "    if n % world_size:\n"
+         "        raise ValueError(",
+         "    assert n % world_size == 0, (")),
+     "loses": ["shard_batch_tests"],
+     "visible": ["shard_batch_tests"], "visible_says": ["raised AssertionError", "not ValueError"]},
     {"name": "the shard size hard-coded for the notebook's batch of 64 on 4 ranks",
      "replace": _edit("shard_batch", ("    per_rank = n // world_size\n", "    per_rank = 16\n")),
      "loses": ["shard_batch_tests"],
-     "visible": ["shard_batch_tests"], "visible_says": ["its own contiguous slice"]},
+     "visible": ["shard_batch_tests"], "visible_says": ["one contiguous slice", "dp.shard_slice"]},
     {"name": "the notebook's global batch size in place of the batch passed in",
      "replace": _edit("shard_batch", ("    n = batch.shape[0]\n", "    n = BATCH\n")),
      "loses": ["shard_batch_tests"],
@@ -162,7 +169,8 @@ VARIANTS = [
      "replace": _edit("dp_train_step", ("        p.grad /= world\n", ""),
                       ("p -= lr * p.grad", "p -= lr / world * p.grad")),
      "loses": ["dp_train_step_tests"],
-     "visible": ["dp_train_step_tests"], "visible_says": ["dp.grad_not_averaged"]},
+     "visible": ["dp_train_step_tests"], "visible_says": ["dp.grad_not_averaged"],
+     "visible_never_says": ["scale.sum_not_divided"]},
     {"name": "reduced onto rank 0 and broadcast back: right numbers, one rank does the work",
      "replace": _edit("dp_train_step", (
          "        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)\n",
@@ -264,7 +272,8 @@ VARIANTS = [
          "        flat[offset:offset + p.numel()] = p.grad.reshape(-1)\n"
          "        offset += p.numel()\n")),
      "loses": ["allreduce_gradients_flat_tests"],
-     "visible": ["allreduce_gradients_flat_tests"], "visible_says": ["bytes of all_reduce"]},
+     "visible": ["allreduce_gradients_flat_tests"],
+     "visible_says": ["bytes of padding", "dp.flat_fixed_size"]},
     {"name": "right another way: the last parameter first, p.grad made a view of the buffer",
      "replace": _edit("allreduce_gradients_flat", (
          "params = [p for p in model.parameters() if p.grad is not None]",
@@ -440,6 +449,18 @@ VARIANTS = [
          "F.mse_loss(model(xs[k]), ys[k]).backward()")),
      "loses": ["accumulation_step_tests"],
      "visible": ["accumulation_step_tests"], "visible_says": ["every element is 4x the reference"]},
+    {"name": "one backward over the micro-batches' summed losses (every activation kept)",
+     "replace": _edit("accumulation_step", (
+         "    for k in range(n_micro):\n"
+         "        last = k == n_micro - 1\n"
+         "        with contextlib.nullcontext() if last else model.no_sync():\n"
+         "            (F.mse_loss(model(xs[k]), ys[k]) / n_micro).backward()\n",
+         "    loss = sum(F.mse_loss(model(xs[k]), ys[k]) for k in range(n_micro)) / n_micro\n"
+         "    loss.backward()\n")),
+     "loses": ["accumulation_step_tests"],
+     "visible": ["accumulation_step_tests"],
+     "visible_says": ["dp.accumulation_one_backward"],
+     "visible_never_says": ["dp.accumulation_every_backward"]},
     {"name": "prediction: one all-reduce per bucket and micro-batch",
      "replace": _edit("no_sync_prediction", ("predicted_all_reduces = [2, 2, 2]",
                                              "predicted_all_reduces = [2, 4, 8]")),
@@ -465,7 +486,8 @@ VARIANTS = [
          "weights[self.lo:self.lo + self.shard_size] = shard")),
      "loses": ["sharded_momentum_sgd_tests"],
      "visible": ["sharded_momentum_sgd_tests"],
-     "visible_says": ["not only of its own", "dp.zero1_shards_spread"]},
+     "visible_says": ["not only of its own", "dp.zero1_shards_spread"],
+     "visible_never_says": ["broadcast from rank 0 missing", "replicas_differ"]},
     {"name": "ZeRO-1 reduce-scatter sum not divided by the world size",
      "replace": _edit("sharded_momentum_sgd", ("        grad_shard /= self.world\n", "")),
      "loses": ["sharded_momentum_sgd_tests"],
@@ -476,7 +498,8 @@ VARIANTS = [
          "momentum = torch.zeros_like(self.momentum).mul_(self.mu).add_(grad_shard)"), (
          "- self.lr * self.momentum", "- self.lr * momentum")),
      "loses": ["sharded_momentum_sgd_tests"],
-     "visible": ["sharded_momentum_sgd_tests"], "visible_says": ["dp.zero1_state"]},
+     "visible": ["sharded_momentum_sgd_tests"], "visible_says": ["dp.zero1_state"],
+     "visible_never_says": ["scale.zero"]},
     {"name": "ZeRO-1 weights split back without dropping the padding (right when N divides)",
      "replace": _edit("sharded_momentum_sgd", (
          "        offset = 0\n"

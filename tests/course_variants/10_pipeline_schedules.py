@@ -41,6 +41,15 @@ BACKWARD_CHUNKS_COUNTED_UP = _edit(
     "interleaved_table",
     ('chunk = within // p if kind == "F" else v - 1 - within // p', "chunk = within // p"))
 
+CHUNK_ZERO_NAMED = _edit(
+    "interleaved_table",
+    ('return name if chunk == 0 else f"{name}.{chunk}"', 'return f"{name}.{chunk}"'))
+
+LOSS_SUMMED = _edit("torch_step", (
+    "schedule = getattr(schedules, schedule_name)(stages, m, loss_fn=F.mse_loss)",
+    "schedule = getattr(schedules, schedule_name)(\n"
+    "        stages, m, loss_fn=lambda out, y: F.mse_loss(out, y, reduction=\"sum\"))"))
+
 ANY_M = _edit("interleaved_table",
               ("    if m % p:\n", "    if False:\n"))
 
@@ -341,6 +350,10 @@ VARIANTS = [
     {"name": "interleaved: backwards through the chunks counted up",
      "replace": BACKWARD_CHUNKS_COUNTED_UP, "loses": ["interleaved_tests"],
      "visible": ["interleaved_tests"], "visible_says": ["counted down"]},
+    {"name": "interleaved: chunk 0 written \"F0.0\", as the other chunks are",
+     "replace": CHUNK_ZERO_NAMED, "loses": ["interleaved_tests"],
+     "visible": ["interleaved_tests"], "visible_says": ["pp.action_names"],
+     "visible_never_says": ["counted down"]},
     {"name": "interleaved: m not a multiple of p accepted",
      "replace": ANY_M, "loses": ["interleaved_tests"],
      "visible": ["interleaved_tests"], "visible_says": ["ValueError"]},
@@ -439,6 +452,10 @@ VARIANTS = [
     {"name": "torch: the library's torch_schedule, which the demo used (switched off)",
      "replace": THE_LIBRARYS_TORCH_SCHEDULE, "loses": ["torch_step_tests"],
      "visible": ["torch_step_tests"], "visible_says": ["is switched off"]},
+    {"name": "torch: each micro-batch's loss summed over its elements, not averaged",
+     "replace": LOSS_SUMMED, "loses": ["torch_step_tests"],
+     "visible": ["torch_step_tests"], "visible_says": ["not over the ranks: this run has 3"],
+     "visible_never_says": ["8 ranks"]},
     {"name": "torch: the last rank passes no target",
      "replace": NO_TARGET_ON_THE_LAST_RANK, "loses": ["torch_step_tests"],
      "visible": ["torch_step_tests"]},
