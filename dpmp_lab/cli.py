@@ -108,7 +108,7 @@ def doctor(args: argparse.Namespace) -> int:
 
 def course_dir(language: str = i18n.SOURCE) -> Path:
     """The release (course/, course-LANG/) of this package's checkout, else the cwd."""
-    here = course.release_folder(PACKAGE_HOME, language)
+    here = course.language_release(PACKAGE_HOME, language)
     return here if here.is_dir() else Path.cwd()
 
 

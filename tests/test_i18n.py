@@ -272,6 +272,29 @@ def test_the_japanese_release_is_the_same_assignment_and_a_learners_copy_opens_i
         "@jupyterlab/translation-extension:plugin"]["locale"] == "ja_JP"
 
 
+def test_a_course_in_japanese_is_written_from_the_english_one_the_first_time_it_is_opened(
+        tmp_path, capsys):
+    """`bootstrap.py course --lang ja` on a fresh checkout: course-ja/ does not exist yet, so
+    opening it writes it from course/; a second time it is left as it is."""
+    from dpmp_lab import cli
+    from dpmp_lab.instructor import course
+
+    name = TRANSLATED["ja"][0]
+    root = tmp_path / "root"
+    root.mkdir()
+    shutil.copy(ROOT / "nbgrader_config.py", root)
+    shutil.copytree(ROOT / "solutions" / name, root / "solutions" / name)
+    assert course.language_release(root, "ja") == root / "course-ja"
+    assert not (root / "course-ja").exists()          # no English release to write it from
+    assert cli.main(["release", name, "--root", str(root)]) == 0
+    written = course.language_release(root, "ja") / name / f"{name}.ipynb"
+    assert i18n.language_of(nbformat.read(written, as_version=4)) == "ja"
+    stamp = written.stat().st_mtime_ns
+    assert course.language_release(root, "ja") / name / f"{name}.ipynb" == written
+    assert written.stat().st_mtime_ns == stamp
+    assert course.language_release(root) == root / "course"
+
+
 # -- the library's own messages -----------------------------------------------------------------
 
 

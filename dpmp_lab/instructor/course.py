@@ -116,6 +116,17 @@ def release_folder(root: Path, language: str = "en") -> Path:
     return root / ("course" if language == i18n.SOURCE else f"course-{language}")
 
 
+def language_release(root: Path, language: str = "en") -> Path:
+    """release_folder(root, language), written from the English release the first time a
+    checkout is asked for it (a learner's `bootstrap.py course --lang ja`); as it is otherwise:
+    an instructor's release is `dpmp-lab release --lang`'s to write."""
+    folder = release_folder(root, language)
+    if (language != i18n.SOURCE and not folder.is_dir() and (root / "solutions").is_dir()
+            and release_folder(root).is_dir()):
+        translated_release(assignments(root), language, root=root)
+    return folder
+
+
 def _solution(root: Path, name: str) -> Any:
     import nbformat
 

@@ -133,7 +133,8 @@ W_OVERWRITES_GRAD = _edit(
     ("param.grad = grad.clone() if param.grad is None else param.grad + grad",
      "param.grad = grad.clone()"))
 
-# right, another way: autograd does B and W, keeping the graph between them
+# autograd does B and W, keeping the graph between them: the right numbers, with B running the
+# stage's forward again and W the gradients between the layers again (a learner's, issue 39)
 B_AND_W_BY_AUTOGRAD = {"bw_stage": '''
 def b_step(layers, acts, grad_out):
     """B by autograd: the stage's forward again with the graph, the input gradient only."""
@@ -152,6 +153,29 @@ def w_step(layers, held):
         grads = torch.autograd.grad(out, params, grad_out)
     for q, g in zip(params, grads):
         q.grad = g.clone() if q.grad is None else q.grad + g
+'''}
+
+# right, another way: the products written with einsum, what W needs in a dict per layer
+BW_BY_EINSUM = {"bw_stage": '''
+def b_step(layers, acts, grad_out):
+    held, g = {}, grad_out
+    for i in range(len(layers) - 1, -1, -1):
+        if i + 1 < len(layers):
+            g = g * (1 - acts[i + 1].pow(2))
+        held[i] = {"grad_out": g, "input": acts[i]}
+        g = torch.einsum("ro,oi->ri", g, layers[i].weight)
+    return g, held
+
+
+def w_step(layers, held):
+    for i, layer in enumerate(layers):
+        g, x = held[i]["grad_out"], held[i]["input"]
+        for param, grad in ((layer.weight, torch.einsum("ro,ri->oi", g, x)),
+                            (layer.bias, g.sum(0))):
+            if param.grad is None:
+                param.grad = grad
+            else:
+                param.grad += grad
 '''}
 
 # -- Exercise 3: ZB-H1 ----------------------------------------------------------------------------
@@ -408,8 +432,11 @@ VARIANTS = [
     {"name": "stage: W overwrites .grad instead of adding (shows with two micro-batches)",
      "replace": W_OVERWRITES_GRAD, "loses": ["bw_stage_tests"],
      "visible": ["bw_stage_tests"], "visible_says": ["add up"]},
-    {"name": "stage: B and W by autograd, the graph kept between them (right)",
-     "replace": B_AND_W_BY_AUTOGRAD, "loses": []},
+    {"name": "stage: B and W by autograd, the graph kept between them (each does more work)",
+     "replace": B_AND_W_BY_AUTOGRAD, "loses": ["bw_stage_tests"],
+     "visible": ["bw_stage_tests"], "visible_says": ["pp.b_work"]},
+    {"name": "stage: right another way, einsum products and W's inputs in a dict",
+     "replace": BW_BY_EINSUM, "loses": []},
     {"name": "ZB-H1: each W right after its B (1F1B in two pieces)",
      "replace": W_RIGHT_AFTER_B, "loses": ["zb_h1_tests"],
      "visible": ["zb_h1_tests"], "visible_says": ["pp.zb_fill"]},
