@@ -9,6 +9,7 @@ library's objects.
 from __future__ import annotations
 
 import html
+import unicodedata
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
@@ -27,6 +28,11 @@ def cell(value: Any) -> str:
     if isinstance(value, tuple):
         return "(" + ",".join(str(v) for v in value) + ")"
     return str(value)
+
+
+def _width(text: str) -> int:
+    """The columns `text` takes in a terminal: a wide character (Japanese) takes two."""
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
 
 
 def human_bytes(n: float) -> str:
@@ -55,12 +61,14 @@ class Table:
 
     def __str__(self) -> str:
         cells = [self.columns] + self.rows
-        widths = [max(len(r[i]) for r in cells) for i in range(len(self.columns))]
+        widths = [max(_width(r[i]) for r in cells) for i in range(len(self.columns))]
         numeric = [all(_is_number(r[i]) for r in self.rows) and self.rows for i in
                    range(len(self.columns))]
 
         def line(row: list[str], mark: str = "") -> str:
-            parts = [v.rjust(w) if num else v.ljust(w) for v, w, num in zip(row, widths, numeric, strict=True)]
+            pads = [" " * (w - _width(v)) for v, w in zip(row, widths, strict=True)]
+            parts = [pad + v if num else v + pad
+                     for v, pad, num in zip(row, pads, numeric, strict=True)]
             return ("  ".join(parts) + mark).rstrip()
 
         out = [self.title] if self.title else []

@@ -59,8 +59,8 @@ def comm(traces: Any, expected: Mapping | Callable[[int], Mapping], *,
             reports.setdefault(report, []).append(rank)
     if reports:
         raise CheckFailed("\n\n".join(
-            f"The communication of {ranks_text(ranks)} is not what this exercise expects."
-            f"\n\n{report}" for report, ranks in reports.items()))
+            _("The communication of {ranks} is not what this exercise expects.").format(
+                ranks=ranks_text(ranks)) + f"\n\n{report}" for report, ranks in reports.items()))
 
 
 def overlaps_backward(traces: Any, op: str = "all_reduce", group: Any = None, *,
@@ -81,8 +81,10 @@ def overlaps_backward(traces: Any, op: str = "all_reduce", group: Any = None, *,
                              "dl.trace(gradients_of=model) around forward and backward")
         passes = [p for p in t.overlap(op, group) if p.calls]
         if not passes:
-            failures.setdefault(f"no {op}{where(group, None)} was issued during backward "
-                                f"({t.count(op, group)} outside it).", []).append(rank)
+            failures.setdefault(_("no {op}{where} was issued during backward ({outside} "
+                                  "outside it).").format(op=op, where=where(group, None),
+                                                         outside=t.count(op, group)),
+                                []).append(rank)
             continue
         for n, p in enumerate(passes, 1):
             if p.overlapped:
@@ -90,17 +92,19 @@ def overlaps_backward(traces: Any, op: str = "all_reduce", group: Any = None, *,
             if p.before_last_grad:
                 blocking.add(rank)
                 failures.setdefault(
-                    f"in backward pass {n}, {p.before_last_grad} {op} call(s) were issued while "
-                    "gradients were still being computed, but as blocking calls: each returned "
-                    "only once its sum had arrived, and backward stood still meanwhile.",
-                    []).append(rank)
+                    _("in backward pass {n}, {calls} {op} call(s) were issued while gradients "
+                      "were still being computed, but as blocking calls: each returned only "
+                      "once its sum had arrived, and backward stood still meanwhile.").format(
+                        n=n, calls=p.before_last_grad, op=op), []).append(rank)
             else:
                 failures.setdefault(
-                    f"in backward pass {n}, all {p.calls} {op} call(s) were issued after the "
-                    f"last of its {p.grads} gradients was computed, so none of them overlapped "
-                    "backward.", []).append(rank)
+                    _("in backward pass {n}, all {calls} {op} call(s) were issued after the last "
+                      "of its {grads} gradients was computed, so none of them overlapped "
+                      "backward.").format(n=n, calls=p.calls, op=op, grads=p.grads),
+                    []).append(rank)
     if failures:
-        lines = [f"On {ranks_text(ranks)}, {message}" for message, ranks in failures.items()]
+        lines = [_("On {ranks}, {message}").format(ranks=ranks_text(ranks), message=message)
+                 for message, ranks in failures.items()]
         if blocking:
             raise CheckFailed("\n".join(lines) + "\n"
                               + _("Likely mistake: {hint}").format(hint=_(BLOCKING_HINT))
@@ -151,16 +155,17 @@ def _rank_report(t: Trace, expected: Mapping, only: bool, want_bytes: Mapping | 
     if not table.wrong and not bytes_lines:
         return ""
     text = indent(str(Table(
-        ["op", "group", "phase", "expected", "seen"],
+        [_("op"), _("group"), _("phase"), _("expected"), _("seen")],
         [[r.op, _any(r.group), _any(r.phase), r.expected or 0, r.seen] for r in table.rows],
         marks=[r.wrong for r in table.rows])))
     if bytes_lines:
         text += "\n\n" + "\n".join(bytes_lines)
     advice = keyed_likely_mistakes(table, {parse_key(k): v for k, v in (hints or {}).items()})
     if advice:
-        messages = list(dict.fromkeys(msg for _, msg in advice))
-        text += ("\n\nLikely mistake: " + "\nAlso: ".join(messages)
-                 + "\n" + tag(key for key, _ in advice))
+        messages = list(dict.fromkeys(msg for _key, msg in advice))
+        text += ("\n\n" + "\n".join([_("Likely mistake: {hint}").format(hint=messages[0])]
+                                    + [_("Also: {hint}").format(hint=m) for m in messages[1:]])
+                 + "\n" + tag(key for key, _msg in advice))
     return text
 
 
@@ -170,10 +175,12 @@ def _bytes_problems(t: Trace, want: Mapping | None, rtol: float) -> list[str]:
         op, group, phase = parse_key(key)
         seen = t.bytes(op, group, phase)
         if abs(seen - n) > rtol * abs(n):
-            lines.append(f"bytes of {op} on {_any(group)} ({_any(phase)}): expected "
-                         f"{n} ({human_bytes(n)}), seen {seen} ({human_bytes(seen)})")
+            lines.append(_("bytes of {op} on {group} ({phase}): expected {n} ({n_human}), seen "
+                           "{seen} ({seen_human})").format(
+                op=op, group=_any(group), phase=_any(phase), n=n, n_human=human_bytes(n),
+                seen=seen, seen_human=human_bytes(seen)))
     return lines
 
 
 def _any(value: Any) -> str:
-    return "any" if value is None else cell(value)
+    return _("any") if value is None else cell(value)

@@ -25,6 +25,10 @@ entry changes what a failure says, never whether a check passes.
 Every entry has a `key` (e.g. "comm.one_per_parameter"), printed after the hints of a failure as
 "[hint: comm.one_per_parameter]" so that `dpmp-lab report` counts a class's mistakes by key, not
 by their words (which carry numbers); an exercise's own words are keyed "exercise.<op>...".
+The words are the library's, in the learner's language (i18n/messages.py: `_`, `N_`).
+
+Why it stays whole: the order of each table decides which entry speaks, so each table is read
+in one place, top to bottom, with the few words its entries share.
 """
 
 from __future__ import annotations
@@ -78,9 +82,9 @@ BLOCKING_HINT = N_("the hooks started each all-reduce at the right moment, then 
                    "stood still meanwhile; overlap needs a handle at once, and the wait after "
                    "backward")
 
-P2P_ADVICE = ("post each send together with its receive (dist.isend/dist.irecv, or "
-              "dist.batch_isend_irecv, then wait), since on gloo a blocking send waits for its "
-              "receiver, and ranks that all send first wait forever")
+P2P_ADVICE = N_("post each send together with its receive (dist.isend/dist.irecv, or "
+                "dist.batch_isend_irecv, then wait), since on gloo a blocking send waits for "
+                "its receiver, and ranks that all send first wait forever")
 
 
 # -- a result that is the reference times a constant ---------------------------------------------
@@ -241,26 +245,26 @@ class CommHint:
 
 P2P = ("send", "recv")
 
-_PHASE_WORDS = {"forward": "during forward", "backward": "during backward"}
-_PHASE_ADVICE = {"backward": "launch the gradient communication from gradient hooks during "
-                             "backward, so it overlaps the rest of backward, instead of after "
-                             "backward returns",
-                 "forward": "this communication belongs in the forward pass"}
+_PHASE_WORDS = {"forward": N_("during forward"), "backward": N_("during backward")}
+_PHASE_ADVICE = {"backward": N_("launch the gradient communication from gradient hooks during "
+                                "backward, so it overlaps the rest of backward, instead of "
+                                "after backward returns"),
+                 "forward": N_("this communication belongs in the forward pass")}
 
 
 def where(group: Any, phase: str | None) -> str:
     """' on the dp group in backward', or as much of it as is given."""
-    return (("" if group is None else f" on the {cell(group)} group")
-            + ("" if phase is None else f" in {phase}"))
+    return (("" if group is None else _(" on the {group} group").format(group=cell(group)))
+            + ("" if phase is None else _(" in {phase}").format(phase=phase)))
 
 
 def _phase_words(phase: str | None) -> str:
-    return _PHASE_WORDS.get(phase, "outside forward and backward")
+    return _(_PHASE_WORDS.get(phase, N_("outside forward and backward")))
 
 
 def _phase_advice(phase: str | None) -> str:
-    return _PHASE_ADVICE.get(phase, "it should happen outside forward and backward (e.g. after "
-                                    "backward returns)")
+    return _(_PHASE_ADVICE.get(phase, N_("it should happen outside forward and backward (e.g. "
+                                         "after backward returns)")))
 
 
 def _none_seen(row: Row) -> bool:
@@ -289,9 +293,10 @@ def _to_another_group(row: Row, table: CommTable) -> bool:
 def _another_group_words(row: Row, table: CommTable) -> str:
     ev = _elsewhere(row, table).example
     everyone = ev.label is None and ev.group == tuple(range(len(ev.group)))
-    return (f"the {row.op} went to group {cell(ev.group_label)} instead of the "
-            f"{cell(row.group)} group: pass group=... to the collective"
-            + (" (without it, torch uses every rank)" if everyone else ""))
+    return (_("the {op} went to group {went} instead of the {group} group: pass group=... to "
+              "the collective").format(op=row.op, went=cell(ev.group_label),
+                                       group=cell(row.group))
+            + (_(" (without it, torch uses every rank)") if everyone else ""))
 
 
 def _instead(wanted: str, used: str) -> Callable[[Row, CommTable], bool]:
@@ -305,64 +310,73 @@ def _instead(wanted: str, used: str) -> Callable[[Row, CommTable], bool]:
 COMM_HINTS: list[CommHint] = [
     CommHint(lambda row, t: (row.expected is not None and row.op == "all_reduce"
                              and bool(t.n_params) and row.seen == t.n_params > row.expected),
-             lambda row, t: f"{row.seen} all-reduces = one per parameter tensor: flatten the "
-                            "gradients into one buffer (or bucket them) and all-reduce that",
+             lambda row, t: _("{seen} all-reduces = one per parameter tensor: flatten the "
+                              "gradients into one buffer (or bucket them) and all-reduce that"
+                              ).format(seen=row.seen),
              key="comm.one_per_parameter"),
 
     # the expected op was issued, but not where the key says: its first such call tells where.
     # (In the same group and any phase, it would have matched the key: group or phase differs.)
     CommHint(_to_another_group, _another_group_words, _the_call_elsewhere, key="comm.wrong_group"),
     CommHint(lambda row, t: _elsewhere(row, t) is not None and row.phase is not None,
-             lambda row, t: f"the {row.op} was issued {_phase_words(_elsewhere(row, t).phase)}, "
-                            f"not {_phase_words(row.phase)}: {_phase_advice(row.phase)}",
+             lambda row, t: _("the {op} was issued {there}, not {here}: {advice}").format(
+                 op=row.op, there=_phase_words(_elsewhere(row, t).phase),
+                 here=_phase_words(row.phase), advice=_phase_advice(row.phase)),
              _the_call_elsewhere, key="comm.wrong_phase"),
 
     # one collective where another belongs
     CommHint(_instead("all_reduce", "all_gather"),
-             "an all_gather where an all_reduce belongs: partial results must be summed "
-             "(all_reduce), not concatenated", _every_unexpected,
+             N_("an all_gather where an all_reduce belongs: partial results must be summed "
+                "(all_reduce), not concatenated"), _every_unexpected,
              key="comm.all_gather_for_all_reduce"),
     CommHint(_instead("all_gather", "all_reduce"),
-             "an all_reduce where an all_gather belongs: the shards must be concatenated "
-             "(all_gather), not summed", _every_unexpected,
+             N_("an all_reduce where an all_gather belongs: the shards must be concatenated "
+                "(all_gather), not summed"), _every_unexpected,
              key="comm.all_reduce_for_all_gather"),
     CommHint(_instead("reduce_scatter", "all_reduce"),
-             "a full all_reduce where a reduce_scatter is enough: each rank only needs its own "
-             "shard of the sum", _every_unexpected,
+             N_("a full all_reduce where a reduce_scatter is enough: each rank only needs its "
+                "own shard of the sum"), _every_unexpected,
              key="comm.all_reduce_for_reduce_scatter"),
     CommHint(lambda row, t: (_none_seen(row) and row.op in P2P
                              and bool(t.unexpected_ops - set(P2P))),
-             lambda row, t: f"torch's {', '.join(sorted(t.unexpected_ops - set(P2P)))} was "
-                            "called, but this exercise builds the communication from "
-                            f"point-to-point messages: {P2P_ADVICE}",
+             lambda row, t: _("torch's {ops} was called, but this exercise builds the "
+                              "communication from point-to-point messages: {advice}").format(
+                 ops=", ".join(sorted(t.unexpected_ops - set(P2P))), advice=_(P2P_ADVICE)),
              _every_unexpected, key="comm.collective_for_send_recv"),
 
     # the count of an expected op
     CommHint(lambda row, t: _none_seen(row),
-             lambda row, t: f"no {row.op} was issued{where(row.group, row.phase)}: the step that "
-                            "should communicate is missing (or never reached on this rank)",
+             lambda row, t: _("no {op} was issued{where}: the step that should communicate is "
+                              "missing (or never reached on this rank)").format(
+                 op=row.op, where=where(row.group, row.phase)),
              key="comm.none_issued"),
     CommHint(lambda row, t: bool(row.expected) and row.seen % row.expected == 0,
-             lambda row, t: f"{row.seen // row.expected}x the expected number of {row.op} calls"
-                            f"{where(row.group, row.phase)}: issued once per parameter, per "
-                            "micro-batch or per projection where one call serves them all, or "
-                            "twice (in a hook and again after backward)?", key="comm.multiple_of_expected"),
+             lambda row, t: _("{n}x the expected number of {op} calls{where}: issued once per "
+                              "parameter, per micro-batch or per projection where one call "
+                              "serves them all, or twice (in a hook and again after "
+                              "backward)?").format(n=row.seen // row.expected, op=row.op,
+                                                   where=where(row.group, row.phase)),
+             key="comm.multiple_of_expected"),
     CommHint(lambda row, t: row.expected is not None and row.seen > row.expected,
-             lambda row, t: f"{row.seen - row.expected} {row.op} call(s) more than needed"
-                            f"{where(row.group, row.phase)}", key="comm.more_than_needed"),
+             lambda row, t: _("{n} {op} call(s) more than needed{where}").format(
+                 n=row.seen - row.expected, op=row.op, where=where(row.group, row.phase)),
+             key="comm.more_than_needed"),
     CommHint(lambda row, t: row.expected is not None,
-             lambda row, t: f"{row.expected - row.seen} {row.op} call(s) missing"
-                            f"{where(row.group, row.phase)}", key="comm.calls_missing"),
+             lambda row, t: _("{n} {op} call(s) missing{where}").format(
+                 n=row.expected - row.seen, op=row.op, where=where(row.group, row.phase)),
+             key="comm.calls_missing"),
 
     # calls nobody expected
     CommHint(lambda row, t: (row.op not in P2P and bool(t.expected_ops)
                              and t.expected_ops <= set(P2P)),
-             lambda row, t: f"this exercise builds its communication from send/recv only, but "
-                            f"torch's {row.op} was called: {P2P_ADVICE}",
+             lambda row, t: _("this exercise builds its communication from send/recv only, but "
+                              "torch's {op} was called: {advice}").format(op=row.op,
+                                                                          advice=_(P2P_ADVICE)),
              key="comm.collective_in_send_recv_exercise"),
     CommHint(lambda row, t: True,
-             lambda row, t: f"{row.seen} unexpected {row.op} call(s) on group {cell(row.group)}: "
-                            "communication the algorithm does not need costs time; remove it",
+             lambda row, t: _("{n} unexpected {op} call(s) on group {group}: communication the "
+                              "algorithm does not need costs time; remove it").format(
+                 n=row.seen, op=row.op, group=cell(row.group)),
              key="comm.unexpected"),
 ]
 
@@ -390,7 +404,7 @@ def keyed_likely_mistakes(table: CommTable,
         hint = next((h for h in COMM_HINTS if h.when(row, table)), None)
         if hint is None:
             continue
-        out.append((hint.key, hint.says if isinstance(hint.says, str)
+        out.append((hint.key, _(hint.says) if isinstance(hint.says, str)
                     else hint.says(row, table)))
         accounted.update(hint.accounts_for(row, table))
     return list(dict.fromkeys(out))
