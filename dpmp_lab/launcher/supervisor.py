@@ -109,6 +109,7 @@ class Supervisor:
             trace=self.trace,
             device_audit=self.req.device_audit,
             max_result_bytes=self.req.max_result_bytes,
+            start_method=self.req.start_method,
         )
         with starting(self.req.start_method) as ctx:
             for r in range(self.req.world_size):
