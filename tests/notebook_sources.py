@@ -14,8 +14,10 @@ from .conftest import ROOT
 VARIANTS_DIR = ROOT / "tests" / "course_variants"
 
 
+@functools.cache
 def variants(name: str) -> list[dict]:
-    """tests/course_variants/<name>.py's VARIANTS ([] for a notebook without the file)."""
+    """tests/course_variants/<name>.py's VARIANTS ([] for a notebook without the file), loaded
+    once per process: read-only data to every test."""
     path = VARIANTS_DIR / f"{name}.py"
     if not path.exists():
         return []
@@ -26,6 +28,13 @@ def variants(name: str) -> list[dict]:
 
 
 def source_notebook(name: str) -> nbformat.NotebookNode:
+    """The solution notebook, a copy of its own for the caller to change (read and validated
+    once per process: collecting the course's tests asks for it some 2,000 times)."""
+    return copy.deepcopy(_read_solution(name))
+
+
+@functools.cache
+def _read_solution(name: str) -> nbformat.NotebookNode:
     return nbformat.read(ROOT / "solutions" / name / f"{name}.ipynb", as_version=4)
 
 
@@ -49,9 +58,11 @@ def with_replacements(nb: nbformat.NotebookNode, replace: dict[str, str]) -> nbf
 
 @functools.cache
 def translated(language: str) -> tuple[str, ...]:
-    """The notebooks whose catalogues in `language` lack nothing (dpmp_lab.i18n.problems)."""
+    """The notebooks with a catalogue of their own in `language`: tests/test_i18n.py holds that
+    each of them lacks nothing (dpmp_lab.i18n.problems, seconds a notebook: not paid again by
+    every process that collects the tests)."""
     from dpmp_lab import i18n
     from dpmp_lab.instructor.course import assignments
 
     return tuple(name for name in assignments(ROOT)
-                 if not i18n.problems(source_notebook(name), language, name))
+                 if i18n.catalogue_path(language, name).exists())

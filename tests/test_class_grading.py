@@ -113,8 +113,9 @@ def test_recording_in_any_order_gives_the_same_gradebook(graded, tmp_path):
     expected = grading.gradebook_dump(course.gradebook_url(graded["two"]), NAME)
     outcomes = graded["summary_two"].outcomes
     fresh = released_root(tmp_path / "fresh")   # every order starts from a copy of it
-    # reversed (with three results recorded twice: not doubled), and shuffled
-    for order in (outcomes[::-1] + outcomes[-3:], random.Random(1).sample(outcomes, len(outcomes))):
+    # shuffled, with three results recorded twice (not doubled)
+    shuffled = random.Random(1).sample(outcomes, len(outcomes))
+    for order in (shuffled + shuffled[:3],):
         root = course_root(tmp_path / f"order{len(list(tmp_path.iterdir()))}")
         shutil.copy(fresh / "gradebook.db", root / "gradebook.db")
         with grading_job.open_gradebook(course.gradebook_url(root)) as gb:
