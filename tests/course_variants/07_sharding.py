@@ -212,50 +212,12 @@ class ShardedLinearFunction(torch.autograd.Function):
         return grad_x, grad_shard, None, None
 '''}
 
-FSDP_WORKSPACE_SLOT_PER_LAYER = {"sharded_linear": '''
-_WORKSPACE = torch.empty(1 << 15, dtype=torch.float64)   # one preallocated buffer, reused every step
-_SLOT = {}                                                # shard -> (offset, length) in it
-
-
-def _slot(shard, world):
-    if id(shard) not in _SLOT:
-        start = sum(n for _, n in _SLOT.values())
-        _SLOT[id(shard)] = (start, world * shard.numel())
-    off, n = _SLOT[id(shard)]
-    return _WORKSPACE[off:off + n]
-
-
-class ShardedLinearFunction(torch.autograd.Function):
-    """One FSDP unit: the whole weight exists only while forward or backward computes with
-    it; the shard's gradient is this rank's part of the averaged weight gradient."""
-
-    @staticmethod
-    def forward(ctx, x, shard, out_features, in_features):
-        world = dist.get_world_size()
-        full = _slot(shard, world)
-        dist.all_gather_into_tensor(full, shard)
-        w, b = split_weight_bias(full, out_features, in_features)
-        y = F.linear(x, w, b)
-        ctx.save_for_backward(x, shard)
-        ctx.sizes = (out_features, in_features)
-        return y
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        x, shard = ctx.saved_tensors
-        out_features, in_features = ctx.sizes
-        world = dist.get_world_size()
-        full = _slot(shard, world)
-        dist.all_gather_into_tensor(full, shard)
-        w, _ = split_weight_bias(full, out_features, in_features)
-        grad_x = grad_out @ w
-        g2 = grad_out.reshape(-1, out_features)
-        flat = pack_weight_bias(g2.t() @ x.reshape(-1, in_features), g2.sum(0), full)
-        grad_shard = torch.empty_like(shard)
-        dist.reduce_scatter_tensor(grad_shard, flat)
-        grad_shard /= world
-        return grad_x, grad_shard, None, None
-'''}
+# the same workspace, gathered again in backward: every layer keeps its slot filled between steps
+FSDP_WORKSPACE_SLOT_PER_LAYER = {"sharded_linear": FSDP_WORKSPACE_NOT_GATHERED_AGAIN[
+    "sharded_linear"].replace(
+        "        full = _slot(shard, world)\n        w, _ = split_weight_bias(",
+        "        full = _slot(shard, world)\n        dist.all_gather_into_tensor(full, shard)\n"
+        "        w, _ = split_weight_bias(")}
 
 
 VARIANTS = [
