@@ -24,11 +24,25 @@ def freeze_startup() -> bool:
     and `gc.get_objects()` see only what comes after: dl.footprint's walks in a kernel go from
     about 0.3 s to a few ms. Not while a tensor exists: a frozen tensor is one those walks
     would no longer find. True if it froze."""
+    global _FROZEN_AT_START
     gc.collect()
     if any(issubclass(type(o), torch.Tensor) for o in gc.get_objects()):
         return False
     gc.freeze()
+    _FROZEN_AT_START = gc.get_freeze_count()
     return True
+
+
+_FROZEN_AT_START = 0   # how many objects freeze_startup froze in this process (or its parent)
+
+
+def collect_every_object() -> None:
+    """gc.collect(), with every object made since the startup freeze in gc's sight again: a
+    gc.freeze() of the learner's own would otherwise hide the tensors it made from
+    dl.footprint's walks (they would then see everything again, only slower)."""
+    if gc.get_freeze_count() > _FROZEN_AT_START:
+        gc.unfreeze()
+    gc.collect()
 
 
 def whole_number(name: str, value: Any, *, at_least: int = 1, at_most: int | None = None,

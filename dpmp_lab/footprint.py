@@ -43,6 +43,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from dpmp_lab._helpers import collect_every_object
 from dpmp_lab.context import device
 from dpmp_lab.render import PALETTE, Picture, Table, human_bytes, svg_start
 
@@ -296,7 +297,7 @@ def _storages(on: torch.device) -> dict[int, tuple[int, StorageWeakRef]]:
     """{data pointer: (bytes, weak reference)} of every storage on device `on` behind a tensor
     that Python can reach (gc finds every tensor object: in a global, an attribute, a closure,
     a container, a handle) or that autograd saved for backward in a graph those reach."""
-    gc.collect()   # a tensor only a reference cycle keeps is garbage on its way out, not held
+    collect_every_object()   # a tensor only a cycle keeps is garbage on its way out, not held
     found: dict[int, tuple[int, StorageWeakRef]] = {}
     nodes, seen = [], set()
 

@@ -195,3 +195,20 @@ def test_made_with_written_counts_a_buffer_made_before_that_the_window_fills():
     with dl.footprint.made() as plain:
         workspace[:10].copy_(untouched + 1)
     assert plain.alive() == 0
+
+
+def _kept_and_frozen() -> int:
+    import gc
+
+    with dl.footprint.held() as mem:
+        kept = torch.zeros(10_000, dtype=torch.float64)   # 80,000 bytes, kept
+        gc.freeze()                                        # out of gc's sight, on purpose
+        mem.mark("after")
+    del kept
+    return mem.at("after")
+
+
+def test_a_tensor_frozen_out_of_gcs_sight_is_still_held():
+    """The startup freeze hides the imports from held()'s walks; a gc.freeze() of the rank's
+    own code does not hide what it made (the walk puts it back in sight first)."""
+    assert dl.launch(_kept_and_frozen, world_size=1, stream=False).values[0] == 80_000
