@@ -22,6 +22,7 @@ from dpmp_lab.check.hints import (
     CommTable,
     Row,
     keyed_likely_mistakes,
+    likely,
     tag,
     where,
 )
@@ -107,9 +108,9 @@ def overlaps_backward(traces: Any, op: str = "all_reduce", group: Any = None, *,
                  for message, ranks in failures.items()]
         if blocking:
             raise CheckFailed("\n".join(lines) + "\n"
-                              + _("Likely mistake: {hint}").format(hint=_(BLOCKING_HINT))
+                              + likely(BLOCKING_HINT)
                               + "\n" + tag(["overlap.blocking"]))
-        raise CheckFailed("\n".join(lines) + "\n" + _("Likely mistake: {hint}").format(hint=_(hint))
+        raise CheckFailed("\n".join(lines) + "\n" + likely(hint)
                           + "\n" + tag(["overlap.after_backward" if hint == OVERLAP_HINT
                                         else "exercise.overlap"]))
 
@@ -163,7 +164,7 @@ def _rank_report(t: Trace, expected: Mapping, only: bool, want_bytes: Mapping | 
     advice = keyed_likely_mistakes(table, {parse_key(k): v for k, v in (hints or {}).items()})
     if advice:
         messages = list(dict.fromkeys(msg for _key, msg in advice))
-        text += ("\n\n" + "\n".join([_("Likely mistake: {hint}").format(hint=messages[0])]
+        text += ("\n\n" + "\n".join([likely(messages[0])]
                                     + [_("Also: {hint}").format(hint=m) for m in messages[1:]])
                  + "\n" + tag(key for key, _msg in advice))
     return text

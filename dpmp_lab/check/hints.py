@@ -47,7 +47,7 @@ from dpmp_lab.trace import CommEvent, matcher
 
 __all__ = ["BLOCKING_HINT", "COMM_HINTS", "CommHint", "CommTable", "HINT_TAG", "OVERLAP_HINT",
            "P2P", "P2P_ADVICE", "REPLICA_HINT", "Row", "SCALE_HINTS", "Scale", "ScaleHint",
-           "exercise_key", "keyed_likely_mistakes", "keyed_scale_hint", "tag", "where"]
+           "exercise_key", "keyed_likely_mistakes", "keyed_scale_hint", "likely", "tag", "where"]
 
 # -- the keys a failure carries ----------------------------------------------------------------
 
@@ -57,6 +57,12 @@ HINT_TAG = re.compile(r"\[hint: ([A-Za-z0-9_.:-]+)\]")
 def tag(keys: Iterable[str]) -> str:
     """'[hint: a] [hint: b]': the keys of a failure's hints, as its message carries them."""
     return " ".join(f"[hint: {k}]" for k in dict.fromkeys(keys))
+
+
+def likely(hint: str) -> str:
+    """'Likely mistake: <hint>', in the learner's language (the hint too, where it is one of
+    the library's own)."""
+    return _("Likely mistake: {hint}").format(hint=_(hint))
 
 
 def exercise_key(key: tuple) -> str:

@@ -19,7 +19,7 @@ import torch
 from dpmp_lab._helpers import ranks_text
 from dpmp_lab.check import communication
 from dpmp_lab.check.failed import CheckFailed
-from dpmp_lab.check.hints import REPLICA_HINT, keyed_scale_hint, tag
+from dpmp_lab.check.hints import REPLICA_HINT, keyed_scale_hint, likely, tag
 from dpmp_lab.i18n.messages import _
 from dpmp_lab.launcher.launch import launch
 from dpmp_lab.models import default_dtype
@@ -96,7 +96,7 @@ def same_on_all_ranks(values: Sequence[Any], names: Iterable[str] | None = None,
             raise CheckFailed(
                 _("On rank {rank}, {name!r} {how}. Replicas must stay identical.").format(
                     rank=rank, name=name, how=how) + "\n"
-                + _("Likely mistake: {hint}").format(hint=_(hint)) + "\n"
+                + likely(hint) + "\n"
                 + tag(["replicas_differ" if hint == REPLICA_HINT else "exercise.replicas"]))
 
 
@@ -230,7 +230,7 @@ def _difference(actual: Any, expected: Any, rtol: float, atol: float,
             + ALLOWED + _("allowed |got - expected| <= {atol:g} + {rtol:g} * |expected|").format(
                 atol=atol, rtol=rtol))
     key, hint = keyed_scale_hint(a64, e64, rtol, atol, world)
-    return text + ((".\n  " + _("Likely mistake: {hint}").format(hint=hint) + f" {tag([key])}")
+    return text + ((".\n  " + likely(hint) + f" {tag([key])}")
                    if hint else "")
 
 
