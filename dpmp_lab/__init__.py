@@ -13,7 +13,8 @@ import dpmp_lab.footprint as footprint
 import dpmp_lab.fsdp as fsdp
 import dpmp_lab.moe as moe
 from dpmp_lab import check, collectives, cost, dp, hybrid, integrity, models, pp, tp, viz
-from dpmp_lab._helpers import freeze_startup, ipython_shell
+from dpmp_lab._helpers import ipython_shell
+from dpmp_lab._torch_helpers import freeze_startup
 from dpmp_lab.compat import provide_new_collective_names
 from dpmp_lab.context import device, rank, world_size
 from dpmp_lab.grid import GridLayout, ProcessGrid

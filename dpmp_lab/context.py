@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from dpmp_lab._helpers import group_ready
+from dpmp_lab._torch_helpers import group_ready
 
 __all__ = ["RankContext", "device", "enter", "nccl_backend", "rank", "synchronize", "uses_nccl",
            "world_size"]

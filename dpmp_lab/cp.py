@@ -44,8 +44,9 @@ import math
 import torch
 import torch.distributed as dist
 
-from dpmp_lab._helpers import member_group, whole_number
-from dpmp_lab._helpers import tensor_arg as _check_tensor
+from dpmp_lab._helpers import whole_number
+from dpmp_lab._torch_helpers import member_group
+from dpmp_lab._torch_helpers import tensor_arg as _check_tensor
 
 SEQ_DIM = -2   # q, k, v: (batch, heads, sequence, head_dim)
 

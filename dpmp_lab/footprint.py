@@ -43,7 +43,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from dpmp_lab._helpers import collect_every_object
+from dpmp_lab._torch_helpers import collect_every_object
 from dpmp_lab.context import device
 from dpmp_lab.render import PALETTE, Picture, Table, human_bytes, svg_start
 

@@ -57,7 +57,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dpmp_lab._helpers import tensors_in
+from dpmp_lab._torch_helpers import tensors_in
 from dpmp_lab.dp.replicas import check_same_everywhere, first_rank, resolve_group
 
 

@@ -39,7 +39,8 @@ from typing import NamedTuple
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from dpmp_lab._helpers import group_ready, whole_number
+from dpmp_lab._helpers import whole_number
+from dpmp_lab._torch_helpers import group_ready
 from dpmp_lab.trace import name_group
 
 __all__ = ["Coords", "GROUPS", "GridLayout", "KINDS", "ProcessGrid"]

@@ -40,7 +40,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from dpmp_lab._helpers import member_group, whole_number
+from dpmp_lab._helpers import whole_number
+from dpmp_lab._torch_helpers import member_group
 
 
 class Routing(NamedTuple):

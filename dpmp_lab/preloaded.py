@@ -12,6 +12,6 @@ made before the freeze is one the rank held from its start, which held() leaves 
 (A kernel does the same when it imports dpmp_lab: `freeze_startup`, in _helpers.py.)
 """
 
-from dpmp_lab._helpers import freeze_startup
+from dpmp_lab._torch_helpers import freeze_startup
 
 freeze_startup()

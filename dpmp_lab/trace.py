@@ -51,7 +51,7 @@ from typing import Any
 
 import torch
 
-from dpmp_lab._helpers import group_ready, tensors_in
+from dpmp_lab._torch_helpers import group_ready, tensors_in
 from dpmp_lab.render import Table, human_bytes
 
 __all__ = ["BackwardOverlap", "CommEvent", "GradReady", "OPS", "Trace", "matcher", "name_group",

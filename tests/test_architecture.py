@@ -44,7 +44,7 @@ WHOLE = "Why it stays whole:"
 # longest entry that a module's name starts with gives its layer.
 LAYERS = {
     # 0: imports nothing from dpmp_lab but other layer-0 modules
-    "render": 0, "_helpers": 0, "compat": 0, "integrity": 0, "preloaded": 0,
+    "render": 0, "_helpers": 0, "_torch_helpers": 0, "compat": 0, "integrity": 0, "preloaded": 0,
     "launcher.protocol": 0,
     "launcher.lines": 0, "launcher.serialize": 0, "launcher.processes": 0, "launcher.cores": 0,
     "launcher.hints": 0, "launcher.flight": 0,
@@ -444,7 +444,7 @@ def test_a_private_name_imported_elsewhere_is_found(tmp_path):
         "pkg.b: a._mine (line 3)", "pkg.b: from pkg.a import _mine (line 1)"]
 
 
-MACHINERY = ("launcher", "instructor", "_helpers", "cli", "preloaded")   # no learner reads these
+MACHINERY = ("launcher", "instructor", "_helpers", "_torch_helpers", "cli", "preloaded")   # no learner reads these
 
 
 def exported_names(path: Path) -> tuple[list[str] | None, set[str]]:

@@ -6,7 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from dpmp_lab._helpers import tensors_in, whole_number
+from dpmp_lab._helpers import whole_number
+from dpmp_lab._torch_helpers import tensors_in
 
 
 def test_whole_number_refuses_bools_floats_and_out_of_range_values():
@@ -51,7 +52,7 @@ def test_tensors_in_opens_modules_only_when_asked():
 FREEZE_PROBE = """
 import gc, sys, time, torch
 {before}
-from dpmp_lab._helpers import freeze_startup
+from dpmp_lab._torch_helpers import freeze_startup
 import dpmp_lab as dl
 froze = freeze_startup()
 later = torch.ones(1000, dtype=torch.float64)     # made after: a walk still finds it

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dpmp_lab._helpers import group_ready
+from dpmp_lab._torch_helpers import group_ready
 
 __all__ = ["check_same_everywhere", "first_rank", "resolve_group"]
 

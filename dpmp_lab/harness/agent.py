@@ -30,7 +30,7 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
-from dpmp_lab._helpers import tensors_in
+from dpmp_lab._torch_helpers import tensors_in
 from dpmp_lab.check.references import references_off
 from dpmp_lab.harness.allowed import ALLOWED
 from dpmp_lab.harness.codec import MAX_BYTES, NotData, encode

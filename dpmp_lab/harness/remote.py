@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from dpmp_lab._helpers import tensors_in
+from dpmp_lab._torch_helpers import tensors_in
 from dpmp_lab.check import sides
 from dpmp_lab.check.failed import CheckFailed
 from dpmp_lab.check.references import ReferenceSwitchedOff, standing_in, switched_off

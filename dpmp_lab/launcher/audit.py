@@ -49,7 +49,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
 
 from dpmp_lab import trace
-from dpmp_lab._helpers import tensors_in
+from dpmp_lab._torch_helpers import tensors_in
 
 # The audit's stand-in for this rank's GPU. A torch.device with an index is kept by the factory
 # calls and by .to() (which copies, since "cpu" != "cpu:0"), so the audit can tell it from "cpu".

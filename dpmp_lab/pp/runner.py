@@ -26,7 +26,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dpmp_lab._helpers import group_ready, whole_number
+from dpmp_lab._helpers import whole_number
+from dpmp_lab._torch_helpers import group_ready
 from dpmp_lab.context import device as rank_device
 from dpmp_lab.pp.schedules import Schedule, Span
 from dpmp_lab.pp.tables import make_schedule

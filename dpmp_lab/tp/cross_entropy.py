@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from dpmp_lab._helpers import tensor_arg
+from dpmp_lab._torch_helpers import tensor_arg
 from dpmp_lab.tp.mappings import check_ids, tp_all_reduce, tp_size
 
 __all__ = ["vocab_parallel_cross_entropy"]

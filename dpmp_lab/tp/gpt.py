@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dpmp_lab import models
-from dpmp_lab._helpers import tensor_arg
+from dpmp_lab._torch_helpers import tensor_arg
 from dpmp_lab.tp.cross_entropy import vocab_parallel_cross_entropy
 from dpmp_lab.tp.layers import (
     ColumnParallelLinear,

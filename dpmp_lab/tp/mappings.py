@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from dpmp_lab._helpers import member_group, tensor_arg
+from dpmp_lab._torch_helpers import member_group, tensor_arg
 
 __all__ = ["check_divisible", "check_group", "check_ids", "copy_to_tp_region",
            "gather_from_sequence_region", "gather_from_tp_region", "reduce_from_tp_region",
