@@ -51,7 +51,7 @@ LAYERS = {
     "instructor.scan": 0, "instructor.sandbox": 0, "instructor.limits": 0,
     "instructor.nbgrader_steps": 0, "instructor.submitted": 0,
     "instructor.server_paths": 0, "instructor.inert": 0, "instructor.markup": 0,
-    "harness.cells": 0, "i18n": 0,
+    "harness.cells": 0, "harness.exchange": 0, "i18n": 0,
     # 1: what a rank knows and records
     "context": 1, "trace": 1, "launcher.audit": 1, "launcher.collective_inputs": 1,
     # 2: launching ranks, and the groups of a grid

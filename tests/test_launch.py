@@ -830,7 +830,7 @@ def test_a_gpu_torch_cannot_use_is_a_problem_with_its_fix(tmp_path, monkeypatch)
 
 
 def test_doctor_says_what_auto_gives_each_world_size_on_a_gpu_server():
-    from dpmp_lab.cli import backend_plan
+    from dpmp_lab.launcher.doctor import backend_plan
 
     plan = backend_plan(gpus=4, nccl=True)
     assert plan[0].startswith("world size 1: nccl on cuda:0..0")

@@ -33,11 +33,10 @@ from typing import Any
 from dpmp_lab._torch_helpers import tensors_in
 from dpmp_lab.check.references import references_off
 from dpmp_lab.harness.allowed import ALLOWED
-from dpmp_lab.harness.codec import MAX_BYTES, NotData, encode
+from dpmp_lab.harness.codec import NotData, encode
+from dpmp_lab.harness.exchange import ANSWER, MAX_BYTES, REQUEST
 from dpmp_lab.launcher.failures import LaunchError, LaunchTimeout
 
-REQUEST = "in-{}"   # the harness's request n, in the exchange folder
-ANSWER = "out-{}"   # this kernel's answer to it
 MAX_TEXT = 20_000   # characters of an error's message or traceback that cross
 
 
@@ -215,4 +214,4 @@ def serve(folder: str, n: int) -> None:
     os.replace(path + ".tmp", path)
 
 
-__all__ = ["ANSWER", "REQUEST", "Agent", "agent_for", "serve"]
+__all__ = ["Agent", "agent_for", "serve"]

@@ -34,10 +34,11 @@ from typing import Any
 import numpy
 import torch
 
+from dpmp_lab.harness.exchange import MAX_BYTES
+
 MAGIC = b"DPMPdata1\n"
 MAX_DEPTH = 64
 MAX_NODES = 1_000_000
-MAX_BYTES = 256 * 2**20
 DTYPES = {str(d).removeprefix("torch."): d for d in (
     torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64,
     torch.complex128, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,

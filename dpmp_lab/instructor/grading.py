@@ -64,7 +64,7 @@ from dpmp_lab.instructor.grading_job import (
 )
 from dpmp_lab.instructor.limits import MIB, Cgroups, Limits, held_text
 from dpmp_lab.instructor.submitted import SECRET, TIMESTAMP, NotData
-from dpmp_lab.launcher.launch import usable_cores
+from dpmp_lab.launcher.cores import usable_cores
 
 STATE = ".dpmp_grading"        # {assignment}.json: what was graded, from which files
 UNSANDBOXED = ("WARNING: grading WITHOUT the sandbox (--no-sandbox): every submission's code "

@@ -32,8 +32,7 @@ from nbclient.exceptions import DeadKernelError
 from nbformat import NotebookNode
 
 from dpmp_lab import i18n
-from dpmp_lab.harness.agent import ANSWER, REQUEST
-from dpmp_lab.harness.codec import MAX_BYTES
+from dpmp_lab.harness.exchange import ANSWER, MAX_BYTES, REQUEST
 from dpmp_lab.harness.plan import Plan, Where
 from dpmp_lab.i18n.messages import LANGUAGE_ENV
 from dpmp_lab.instructor import sandbox, submitted
