@@ -5,35 +5,16 @@
     with dl.trace() as t: ...             # inside a rank: every collective it issues
     grid = dl.ProcessGrid(dp=2, tp=2)     # inside a rank: the dp x tp process groups
     dl.check.comm(res, {...})             # grading: numbers and communication
+
+Importing the package binds none of it: the first name asked for (`dl.launch`) loads the API
+(dpmp_lab/api.py) and prepares the process, so the instructor's tools, which live in the package
+too (the grader's processes, the hub), never load torch. In IPython, the learner's kernel, the
+import itself loads it: the process is prepared before the learner's first cell.
 """
 
-import dpmp_lab.bench as bench  # one line each (not in the list below): merges stay easy
-import dpmp_lab.cp as cp
-import dpmp_lab.footprint as footprint
-import dpmp_lab.fsdp as fsdp
-import dpmp_lab.moe as moe
-from dpmp_lab import check, collectives, cost, dp, hybrid, integrity, models, pp, tp, viz
-from dpmp_lab._helpers import ipython_shell
-from dpmp_lab._torch_helpers import freeze_startup
-from dpmp_lab.compat import provide_new_collective_names
-from dpmp_lab.context import device, rank, world_size
-from dpmp_lab.grid import GridLayout, ProcessGrid
-from dpmp_lab.launcher import starting
-from dpmp_lab.launcher.launch import (
-    LaunchError,
-    LaunchResult,
-    LaunchTimeout,
-    RankFailure,
-    launch,
-    visible_gpus,
-)
-from dpmp_lab.trace import CommEvent, Trace, name_group, trace
+import threading
 
-provide_new_collective_names()   # torch 2.13's all_gather_single etc. on older torch too
-integrity.remember()             # what a rank's trace relies on, to tell if a rank changed it
-starting.warm_up_if_interactive()  # in a kernel: the forkserver starts now, not at the 1st launch
-if ipython_shell() is not None:    # and what the imports made leaves gc's sight, as in the
-    freeze_startup()               # forkserver: dl.footprint walks only the learner's objects
+from dpmp_lab._helpers import ipython_shell
 
 __version__ = "0.2.0"
 
@@ -71,9 +52,46 @@ __all__ = [
     "world_size",
 ]
 
+_loading = threading.RLock()
+_loaded = False
+
+
+def load() -> None:
+    """Bind the learner's API in the package and prepare this process for it (once). What the
+    first `dl.<name>` does, importing the package in IPython, and a rank before its code runs."""
+    global _loaded
+    with _loading:
+        if _loaded:
+            return
+        _loaded = True   # a module of the API that asks for a name while loading gets none
+        try:
+            from dpmp_lab import api
+
+            globals().update({name: getattr(api, name) for name in api.__all__})
+            api.prepare()   # after the binding: the snapshot holds the facade's names too
+        except BaseException:
+            _loaded = False   # the next name asked for tries again, and fails as loudly
+            raise
+
+
+def __getattr__(name: str):
+    if name in __all__:
+        load()
+        if name in globals():
+            return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 def load_ipython_extension(ipython) -> None:
     """`%load_ext dpmp_lab` registers the %%distributed cell magic."""
     from dpmp_lab.magic import register
 
     register(ipython)
+
+
+if ipython_shell() is not None:
+    load()

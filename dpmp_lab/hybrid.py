@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dpmp_lab import models
+import dpmp_lab.models as models
 from dpmp_lab.context import device as rank_device
 from dpmp_lab.context import nccl_backend
 from dpmp_lab.dp import DataParallel

@@ -81,7 +81,7 @@ _MISSING = object()
 
 
 def remember() -> None:
-    """Take the snapshot (once, at dpmp_lab's import)."""
+    """Take the snapshot (once, when the process loads the learner's API: dpmp_lab.load)."""
     if _snapshot:
         return
     with warnings.catch_warnings():   # torch's deprecated aliases warn when looked at

@@ -29,7 +29,7 @@ import linecache
 import re
 from typing import Any
 
-from dpmp_lab import viz
+import dpmp_lab.viz as viz
 from dpmp_lab.launcher.launch import launch
 from dpmp_lab.launcher.serialize import dumps
 

@@ -6,11 +6,12 @@ new maintainer can read top to bottom.
    - `import dpmp_lab.x` and `from dpmp_lab.x import name` import dpmp_lab.x;
      `from dpmp_lab.x import y` imports dpmp_lab.x.y when that is a module. Relative imports
      are resolved the same way. Imports under `if TYPE_CHECKING:` never run and are skipped.
-   - The package itself, dpmp_lab/__init__.py, is the learner's facade `dl`: it imports
-     everything, so its own imports are re-exports and never count. A module that imports the
-     package (`import dpmp_lab as dl`, `from dpmp_lab import x`) depends on what it uses it
-     for: `dl.viz` on dpmp_lab.viz, a re-exported `dl.ProcessGrid` on dpmp_lab.grid, where the
-     facade gets it; a name the facade defines itself (`dl.__version__`) on nothing.
+   - The package itself, dpmp_lab/__init__.py, is the learner's facade `dl`: it binds, on
+     first use, what dpmp_lab/api.py imports, so its own imports never count (api.py's do: it
+     sits in the top layer). A module that imports the package (`import dpmp_lab as dl`,
+     `from dpmp_lab import x`) depends on what it uses it for: `dl.viz` on dpmp_lab.viz, a
+     re-exported `dl.ProcessGrid` on dpmp_lab.grid, where api.py gets it; a name the facade
+     defines itself (`dl.__version__`, `dl.load`) on nothing.
    - A subpackage (dpmp_lab.tp, ...) is an ordinary module: its __init__ imports its
      submodules, so a submodule that imports a name from its own package closes a loop.
 2. A module over MAX_LINES lines says in its docstring why it stays whole, with a sentence
@@ -63,8 +64,8 @@ LAYERS = {
     "check": 4,
     # 5: pictures of everything below
     "viz": 5, "harness": 5,
-    # 6: the facade, the commands, the notebook magic, grading a class
-    "": 6, "cli": 6, "magic": 6, "nbgrader_plugin": 6, "instructor": 6,
+    # 6: the facade and its API, the commands, the notebook magic, grading a class
+    "": 6, "api": 6, "cli": 6, "magic": 6, "nbgrader_plugin": 6, "instructor": 6,
 }
 
 
@@ -139,12 +140,17 @@ def _absolute(node: ast.ImportFrom, module: str, is_package: bool) -> str:
     return ".".join(base + ([node.module] if node.module else []))
 
 
+FACADE_API = "api"   # the module whose names the package's facade binds (dpmp_lab/api.py)
+
+
 def _facade_names(root: str, modules: dict[str, Path]) -> dict[str, str]:
-    """{name: module} for the names the package's __init__ re-exports from its modules."""
+    """{name: module} for the names the package's facade re-exports from its modules (those
+    FACADE_API imports)."""
     names = {}
-    for node, _ in _imports(ast.parse(modules[root].read_text())):
+    api = f"{root}.{FACADE_API}"
+    for node, _ in _imports(ast.parse(modules[api].read_text())):
         if isinstance(node, ast.ImportFrom):
-            source = _absolute(node, root, is_package=True)
+            source = _absolute(node, api, is_package=False)
             for alias in node.names:
                 sub = f"{source}.{alias.name}"
                 names[alias.asname or alias.name] = sub if sub in modules else source
@@ -465,6 +471,30 @@ def exported_names(path: Path) -> tuple[list[str] | None, set[str]]:
     return listed, bound
 
 
+def test_the_facade_binds_what_api_offers_and_the_package_never_asks_it_for_a_module():
+    """The package's __all__ is api.py's and what __init__ defines itself. Inside the package a
+    module of the API is imported by its own name (`import dpmp_lab.models as models`), never
+    `from dpmp_lab import models`: that asks the facade, which loads the whole API at its first
+    name, from inside an import that the API may itself be in the middle of (a cycle at run
+    time: a spawned rank importing the launcher met one)."""
+    modules = find_modules(PACKAGE_DIR)
+    root = PACKAGE_DIR.name
+    facade, own = exported_names(modules[root])
+    api, _ = exported_names(modules[f"{root}.{FACADE_API}"])
+    assert set(facade) == set(api) | (own & set(facade)), \
+        f"the facade's __all__ and api.py's differ: {sorted(set(facade) ^ set(api))}"
+    asked = []
+    for module, path in modules.items():
+        if module in (root, f"{root}.{FACADE_API}"):
+            continue
+        for node, _ in _imports(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and \
+                    _absolute(node, module, path.name == "__init__.py") == root:
+                asked += [f"{path.relative_to(PACKAGE_DIR.parent)}:{node.lineno} {a.name}"
+                          for a in node.names if a.name in facade]
+    assert not asked, f"import these by their module's own name: {asked}"
+
+
 def test_every_module_a_learner_reads_says_what_it_offers():
     missing, unbound = [], []
     for module, path in find_modules(PACKAGE_DIR).items():
@@ -534,7 +564,7 @@ def test_render_imports_nothing_from_dpmp_lab():
 
 def _package(tmp_path: Path, files: dict[str, str]) -> Path:
     root = tmp_path / "pkg"
-    for name, source in {"__init__.py": "", **files}.items():
+    for name, source in {"__init__.py": "", "api.py": "", **files}.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(source)
     return root
@@ -557,14 +587,15 @@ def test_a_loop_through_an_import_inside_a_function_is_found(tmp_path):
 
 
 @pytest.mark.parametrize("files, cycles", [
-    # the facade's re-exports do not count; using the facade for a module does
-    ({"__init__.py": "from pkg import a, b\n__version__ = '1'\n",
+    # the facade's own imports do not count; using the facade for a module does
+    ({"__init__.py": "__version__ = '1'\ndef load():\n    from pkg import api\n",
+      "api.py": "from pkg import a, b\n",
       "a.py": "import pkg\nV = pkg.__version__\n", "b.py": ""}, []),
-    ({"__init__.py": "from pkg import a, b\n",
+    ({"api.py": "from pkg import a, b\n",
       "a.py": "import pkg as p\ndef f():\n    return p.b.g()\n",
       "b.py": "from pkg.a import f\n"}, ["pkg.a -> pkg.b -> pkg.a"]),
-    # a re-exported name stands for its module
-    ({"__init__.py": "from pkg.b import Thing\n",
+    # a name the facade binds from api.py stands for the module api.py takes it from
+    ({"api.py": "from pkg.b import Thing\n",
       "a.py": "from pkg import Thing\n", "b.py": "from pkg import a\n"},
      ["pkg.a -> pkg.b -> pkg.a"]),
     # a submodule that needs its own package's name closes a loop; relative imports resolve

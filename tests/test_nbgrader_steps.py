@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -80,3 +82,36 @@ def test_nbgrader_commands_run_in_order_in_one_process_and_stop_at_the_first_fai
                                Step(("generate_assignment", NAME, "--force", *elsewhere))],
                               root=root, capture=True)
     assert not (root / "elsewhere").exists()
+
+
+# What a grading job's process imports of the package (nbgrader_config.py's plugin, the job,
+# the relay between the two kernels of a notebook), and a release run there: none loads torch,
+# which each of a class's jobs would otherwise import for nothing (the kernels import it).
+GRADER_MODULES = ("dpmp_lab.nbgrader_plugin", "dpmp_lab.instructor.grading_job",
+                  "dpmp_lab.instructor.grading", "dpmp_lab.instructor.two_kernels",
+                  "dpmp_lab.instructor.sandbox_kernel", "dpmp_lab.harness.plan", "dpmp_lab.cli")
+PROBE = """import atexit, importlib, sys
+atexit.register(lambda: print("torch loaded:", "torch" in sys.modules))
+for name in sys.argv[2:]:
+    importlib.import_module(name)
+from dpmp_lab.instructor import nbgrader_steps
+sys.exit(nbgrader_steps.main([sys.argv[1]]))
+"""
+
+
+def test_the_grader_s_own_process_loads_no_torch(tmp_path):
+    root = tmp_path / "course"
+    root.mkdir()
+    shutil.copy(ROOT / "nbgrader_config.py", root)
+    shutil.copytree(ROOT / "solutions" / NAME, root / "solutions" / NAME)
+    steps = nbgrader_steps.command([Step(("generate_assignment", NAME, "--force", "--no-db"))])
+    done = subprocess.run([sys.executable, "-c", PROBE, steps[-1], *GRADER_MODULES], cwd=root,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert (root / "course" / NAME / f"{NAME}.ipynb").is_file()
+    assert "torch loaded: False" in done.stdout, done.stdout
+    # and the probe would see it: the learner's API loads torch
+    done = subprocess.run([sys.executable, "-c", "import sys, dpmp_lab as dl\ndl.load()\n"
+                           "print('torch loaded:', 'torch' in sys.modules)"],
+                          capture_output=True, text=True, timeout=120)
+    assert "torch loaded: True" in done.stdout, done.stderr

@@ -76,7 +76,8 @@ def test_importing_in_ipython_starts_the_forkserver_and_leaves_nothing_behind():
 
 @pytest.mark.parametrize("code, env", [
     (IN_IPYTHON, {"DPMP_LAB_WARM": "0"}),                             # turned off
-    ("import dpmp_lab\nfrom dpmp_lab import starting\n"               # a script: never
+    ("import dpmp_lab\ndpmp_lab.load()\n"                              # a script: never
+     "from dpmp_lab.launcher import starting\n"
      "print('forkserver running:', starting.forkserver_running())", {}),
 ])
 def test_no_warm_up_when_turned_off_or_outside_ipython(code, env):

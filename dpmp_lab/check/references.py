@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import dpmp_lab
-from dpmp_lab import integrity
+import dpmp_lab.integrity as integrity
 
 __all__ = ["ReferenceSwitchedOff", "TP_COLLECTIVES", "references_off", "stand_ins",
            "standing_in", "switched_off", "with_references_off"]

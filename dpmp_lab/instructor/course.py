@@ -78,8 +78,7 @@ def nbgrader(*args: str, root: Path | None = None, check: bool = True,
 def nbgrader_steps(steps: list[Step], *, root: Path | None = None, check: bool = True,
                    capture: bool = False) -> subprocess.CompletedProcess:
     """Run several nbgrader commands in one process, in the course root, stopping at the first
-    that fails (nbgrader_steps.py: each process of its own would import nbgrader and torch
-    again)."""
+    that fails (nbgrader_steps.py: each process of its own would import nbgrader again)."""
     root = root or repo_root()
     env = dict(os.environ)
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")

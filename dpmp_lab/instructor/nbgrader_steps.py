@@ -1,7 +1,8 @@
 """Several nbgrader commands in one Python process, one after the other.
 
-A process that runs `nbgrader ...` pays for Python, nbgrader's imports and torch's (the course's
-nbgrader_config.py imports dpmp_lab) before it does anything: about 3.5 CPU-seconds. Grading one
+A process that runs `nbgrader ...` pays for Python and nbgrader's imports before it does anything
+(about 1.5 CPU-seconds here; torch's 2 more before the package's facade loaded its API lazily:
+the course's nbgrader_config.py imports dpmp_lab, and a grader's process now never loads torch). Grading one
 submission is two commands (autograde, then generate_feedback) and releasing the course one
 generate_assignment per notebook, so a class of 40 paid that 80 times per assignment. Run here
 they pay it once. nbgrader's own test suite runs its commands the same way, in one process with

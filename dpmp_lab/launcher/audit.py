@@ -48,8 +48,8 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
 
-from dpmp_lab import trace
 from dpmp_lab._torch_helpers import tensors_in
+from dpmp_lab.trace import watch_calls
 
 # The audit's stand-in for this rank's GPU. A torch.device with an index is kept by the factory
 # calls and by .to() (which copies, since "cpu" != "cpu:0"), so the audit can tell it from "cpu".
@@ -162,7 +162,7 @@ def auditing() -> Iterator[None]:
     _audit = _Audit()
     audit = _audit
     try:
-        with trace.watch_calls(_check_collective), _hooks_audited(audit), _Mode(audit):
+        with watch_calls(_check_collective), _hooks_audited(audit), _Mode(audit):
             yield
         if audit.problems:   # raised where it happened, but caught by the code in between
             raise DeviceAuditError(audit.problems[0] + (

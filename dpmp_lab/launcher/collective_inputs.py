@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import torch
 
-from dpmp_lab import trace
+from dpmp_lab.trace import watch_calls
 
 
 def shares_elements(t: torch.Tensor) -> bool:
@@ -43,5 +43,5 @@ def refuse_shared_elements(op: str, tensors: list[torch.Tensor]) -> None:
 @contextlib.contextmanager
 def checked() -> Iterator[None]:
     """Every collective issued inside is checked first (what a rank's function runs under)."""
-    with trace.watch_calls(refuse_shared_elements):
+    with watch_calls(refuse_shared_elements):
         yield

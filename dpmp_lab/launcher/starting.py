@@ -26,8 +26,9 @@ from dpmp_lab._helpers import ipython_shell
 START_METHODS = ("forkserver", "fork", "spawn")
 # torch._dynamo: the first torch.optim optimizer a rank creates imports it (0.9 s here), which
 # would otherwise be paid by every launch that trains; the forkserver pays it once.
-# dpmp_lab.preloaded, last: the rest frozen out of the ranks' garbage collector's sight.
-PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "dpmp_lab", "dpmp_lab.preloaded"]
+# dpmp_lab.preloaded, last: the learner's API loaded, then all of it frozen out of the ranks'
+# garbage collector's sight.
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "dpmp_lab.preloaded"]
 WARM_ENV = "DPMP_LAB_WARM"
 
 _start_lock = threading.Lock()
@@ -69,8 +70,8 @@ def _warm_up_quietly() -> None:
 
 
 def warm_up_if_interactive() -> threading.Thread | None:
-    """At dpmp_lab's import: warm up in the background when a person is at an IPython prompt
-    or a notebook, unless DPMP_LAB_WARM=0. Never in a rank or a script."""
+    """When the learner's API loads (dpmp_lab.load): warm up in the background when a person is
+    at an IPython prompt or a notebook, unless DPMP_LAB_WARM=0. Never in a rank or a script."""
     if os.environ.get(WARM_ENV, "").strip().lower() in ("0", "false", "no", "off"):
         return None
     if ipython_shell() is None or mp.parent_process() is not None or importing_main():

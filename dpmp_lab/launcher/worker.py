@@ -43,11 +43,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dpmp_lab import context, integrity, trace
+import dpmp_lab
+import dpmp_lab.integrity as integrity
+from dpmp_lab import context
 from dpmp_lab.context import RankContext, nccl_backend
 from dpmp_lab.launcher import audit, collective_inputs, flight, processes, serialize
 from dpmp_lab.launcher.protocol import MAX_RESULT_BYTES, Message, Raised, Returned, Started
 from dpmp_lab.render import human_bytes
+from dpmp_lab.trace import trace as record_trace  # (the facade's dl.trace)
 
 REAP_S = 1.0  # at the end of a rank: time for the processes it killed to end
 RELEASE = b"done"        # on the release pipe: every rank returned, tear the group down
@@ -99,6 +102,7 @@ def rank_main(spec: RankSpec, out_w: Connection, err_w: Connection, msg_w: Conne
 
 def _run(spec: RankSpec, msg_w: Connection, released: threading.Event) -> None:
     try:
+        dpmp_lab.load()   # before any code of the learner's: spawned ranks load it here
         with audit.auditing() if spec.device_audit else contextlib.nullcontext():
             fn, args, kwargs = _load_payload(spec)
             context.enter(_init_process_group(spec))
@@ -246,7 +250,7 @@ def _init_process_group(spec: RankSpec) -> RankContext:
 def _call_user(fn, args, kwargs, traced: bool) -> tuple[Any, Any]:
     if not traced:
         return fn(*args, **kwargs), None
-    with trace.trace() as t:
+    with record_trace() as t:
         value = fn(*args, **kwargs)
     return value, t
 
@@ -299,7 +303,8 @@ def _describe(exc: BaseException) -> Raised:
 
 # Frames that only wrap the learner's call: this module's, torch's logging decorator, the
 # device audit's mode, the tracer's dispatcher kernel and the check of a collective's tensors.
-PLUMBING = (__file__, "c10d_logger.py", audit.__file__, trace.__file__, "contextlib.py",
+PLUMBING = (__file__, "c10d_logger.py", audit.__file__,
+            sys.modules[record_trace.__module__].__file__, "contextlib.py",
             "overrides.py", collective_inputs.__file__)
 
 

@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from dpmp_lab import models
+import dpmp_lab.models as models
 from dpmp_lab._torch_helpers import tensor_arg
 from dpmp_lab.tp.cross_entropy import vocab_parallel_cross_entropy
 from dpmp_lab.tp.layers import (
