@@ -30,15 +30,11 @@ def whole_number(name: str, value: Any, *, at_least: int = 1, at_most: int | Non
     return value
 
 
-
 def positive_seconds(name: str, value: Any) -> None:
     """None, or a number of seconds > 0."""
     if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                               or value <= 0):
         raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
-
-
-
 
 
 def ranks_text(ranks: Iterable[int]) -> str:

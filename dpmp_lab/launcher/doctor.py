@@ -56,7 +56,7 @@ def _launch_check(label: str, n: int, backend: str, timeout: float) -> bool:
           flush=True)
     try:
         res = launch(_all_reduce_check, float(n * (n + 1) / 2), world_size=n,
-                        backend=backend, timeout=timeout, stream=False, device_audit=False)
+                     backend=backend, timeout=timeout, stream=False, device_audit=False)
     except Exception as exc:  # the doctor's job is to say what went wrong, whatever it was
         print(f"            FAILED: {type(exc).__name__}: {exc}", file=sys.stderr)
         return False
