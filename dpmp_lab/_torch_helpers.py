@@ -19,23 +19,26 @@ def freeze_startup() -> bool:
     and `gc.get_objects()` see only what comes after: dl.footprint's walks in a kernel go from
     about 0.3 s to a few ms. Not while a tensor exists: a frozen tensor is one those walks
     would no longer find. True if it froze."""
-    global _FROZEN_AT_START
+    global _SINCE_STARTUP
     gc.collect()
     if any(issubclass(type(o), torch.Tensor) for o in gc.get_objects()):
         return False
     gc.freeze()
-    _FROZEN_AT_START = gc.get_freeze_count()
+    _SINCE_STARTUP = []   # made after the freeze: in gc's sight until the next gc.freeze()
     return True
 
 
-_FROZEN_AT_START = 0   # how many objects freeze_startup froze in this process (or its parent)
+# A tracked object made after the startup freeze (or at import, where none happened). Another
+# gc.freeze() takes it out of gc's sight with everything else: seeing it gone costs a walk of
+# the objects gc sees, where gc.get_freeze_count() walks every frozen one (15-30 ms a call).
+_SINCE_STARTUP: list = []
 
 
 def collect_every_object() -> None:
     """gc.collect(), with every object made since the startup freeze in gc's sight again: a
     gc.freeze() of the learner's own would otherwise hide the tensors it made from
     dl.footprint's walks (they would then see everything again, only slower)."""
-    if gc.get_freeze_count() > _FROZEN_AT_START:
+    if not any(o is _SINCE_STARTUP for o in gc.get_objects()):
         gc.unfreeze()
     gc.collect()
 
