@@ -267,21 +267,48 @@ def learner_view_sample() -> list[tuple[str, dict]]:
     return [(name, v) for name, (_, v) in first.items()]
 
 
-def _learner_view_failures(name: str, variant: dict, env: dict[str, str]) -> dict[str, str]:
-    """Run the learner's view of `name` with the mistake written in, up to the visible test
-    cells the variant names; return {grade_id: error text} of the cells that failed."""
+def _learner_view(name: str, variant: dict) -> nbformat.NotebookNode:
+    """`name` as its learner has it with the mistake written in: hidden tests stripped, up to
+    the visible test cells the variant names."""
     nb = with_replacements(source_notebook(name), variant["replace"])
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.source = HIDDEN.sub("", cell.source)
     ids = [c.metadata.get("nbgrader", {}).get("grade_id") for c in nb.cells]
     nb.cells = nb.cells[:max(ids.index(cell) for cell in variant["visible"]) + 1]
-    NotebookClient(nb, timeout=600, kernel_name="python3", allow_errors=True,
-                   resources={"metadata": {"path": str(ROOT / "solutions" / name)}}).execute(
-        env=env)
-    return {c.metadata["nbgrader"]["grade_id"]: "\n".join(o.get("traceback", []))
-            for c in nb.cells if c.cell_type == "code"
-            for o in c.outputs if o.output_type == "error"}
+    return nb
+
+
+def _learner_views(sample: list[tuple[str, dict]],
+                   env: dict[str, str]) -> dict[tuple[str, str], dict[str, str] | Exception]:
+    """Run the learner's view of each (notebook, variant) of `sample`; {(name, variant name):
+    {grade_id: error text} of the cells that failed, or what stopped the run}. One plain kernel
+    (no GRADING) runs them one after the other, each from an empty namespace in its notebook's
+    folder: starting a kernel and its rank server costs more CPU than most of these runs."""
+    client = NotebookClient(nbformat.v4.new_notebook(), timeout=600, kernel_name="python3",
+                            allow_errors=True, resources={"metadata": {"path": str(ROOT)}})
+    out: dict[tuple[str, str], dict[str, str] | Exception] = {}
+    with client.setup_kernel(env=env):
+        for name, variant in sample:
+            client.nb = nb = _learner_view(name, variant)
+            fresh = nbformat.v4.new_code_cell(
+                f"%reset -f\nimport os\nos.chdir({str(ROOT / 'solutions' / name)!r})")
+            try:
+                client.execute_cell(fresh, 0, store_history=False)
+                if any(o.output_type == "error" for o in fresh.outputs):
+                    raise RuntimeError(f"the kernel could not start {name} afresh: "
+                                       f"{fresh.outputs}")
+                for index, cell in enumerate(nb.cells):
+                    if cell.cell_type == "code":
+                        client.execute_cell(cell, index)
+            except Exception as exc:   # that notebook's test reports it
+                out[(name, variant["name"])] = exc
+                continue
+            out[(name, variant["name"])] = {
+                c.metadata["nbgrader"]["grade_id"]: "\n".join(o.get("traceback", []))
+                for c in nb.cells if c.cell_type == "code"
+                for o in c.outputs if o.output_type == "error"}
+    return out
 
 
 @pytest.mark.parametrize("name, variant", visible_variants(),
@@ -826,16 +853,16 @@ def graded(tmp_path_factory) -> dict:
                 return _round_trip(base / rest[0], name)
             if kind == "kernel":
                 return asyncio.run(_grade_in_one_job(name))
-            return _learner_view_failures(name, rest[0], plain_env)
+            return _learner_views(rest[0], plain_env)
         except Exception as exc:   # reported by that assignment's tests, not by all of them
             return exc
 
     for name in ASSIGNMENTS:   # parse the variants here: ast.parse in several threads at once
         by_nbgrader(name)      # can fail on CPython 3.11 ("AST constructor recursion depth
         in_one_job(name)    # mismatch"), and these are cached for the jobs
-    jobs = ([("kernel", n) for n in sorted(ASSIGNMENTS, key=lambda n: -len(variants(n)))]
-            + [("nbgrader", n, n) for n in ASSIGNMENTS]
-            + [("learner", n, v) for n, v in learner_view_sample()])
+    jobs = ([("learner", "(learner view)", learner_view_sample())]
+            + [("kernel", n) for n in sorted(ASSIGNMENTS, key=lambda n: -len(variants(n)))]
+            + [("nbgrader", n, n) for n in ASSIGNMENTS])
     # a learner's kernel and the audit's: no GRADING, whatever the one-job runs set
     plain_env = {k: v for k, v in os.environ.items() if k != "NBGRADER_EXECUTION"}
     before = os.environ.get("NBGRADER_EXECUTION")
@@ -851,7 +878,8 @@ def graded(tmp_path_factory) -> dict:
     out: dict = {"nbgrader": {}, "kernel": {}, "learner": {}, "audit": {}, "roots": {}}
     for (kind, name, *rest), result in zip(jobs, done, strict=True):
         if kind == "learner":
-            out["learner"][(name, rest[0]["name"])] = result
+            out["learner"] = result if isinstance(result, dict) else {
+                (n, v["name"]): result for n, v in rest[0]}
         else:
             out[kind][name] = result
     # A job that failed among others runs once more alone: a failure that only happens under
