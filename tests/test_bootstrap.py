@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -72,6 +73,35 @@ def test_a_gpu_course_or_hub_gets_the_tested_torch_from_pypi_and_everything_else
         replaced = have is not None and "+cpu" in have and gpus > 0 and purpose != "test"
         assert pip_calls == ([["uninstall", "-y", "torch"]] if replaced else []), pip_calls
         assert ("replacing the CPU build" in said) == replaced
+
+
+def test_uv_installs_from_what_pip_is_configured_with(bootstrap, monkeypatch, tmp_path):
+    """uv reads no pip configuration: the indexes, wheel folders, constraints and certificate
+    pip would use reach uv as its arguments, the environment's over the install section's over
+    the global one, as pip reads them."""
+    config = tmp_path / "pip.conf"
+    config.write_text("[global]\nextra-index-url = file:///a/simple file:///b/simple\n"
+                      "find-links = /global-wheels\nno-index = false\n"
+                      "[install]\nfind-links = /install-wheels\n")
+    for name in [k for k in os.environ if k.startswith("PIP_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("PIP_CONFIG_FILE", str(config))
+    monkeypatch.setenv("PIP_CONSTRAINT", "/somewhere/caps.txt")
+    monkeypatch.setenv("PIP_CERT", "/somewhere/ca.pem")
+    args, env = bootstrap.uv_sources(Path(sys.executable))
+    pairs = list(zip(args[::2], args[1::2], strict=True))
+    assert ("--index-strategy", "unsafe-best-match") in pairs   # pip's: every index counts
+    assert [v for k, v in pairs if k == "--extra-index-url"] == ["file:///a/simple",
+                                                                 "file:///b/simple"]
+    assert [v for k, v in pairs if k == "--find-links"] == ["/install-wheels"]
+    assert [v for k, v in pairs if k == "--constraint"] == ["/somewhere/caps.txt"]
+    assert "--no-index" not in args and env == {"SSL_CERT_FILE": "/somewhere/ca.pem"}
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    assert "--no-index" in bootstrap.uv_sources(Path(sys.executable))[0]
+
+
+def test_constraints_pin_the_uv_that_installs(bootstrap):
+    assert re.search(r"^uv==\d", bootstrap.CONSTRAINTS.read_text(), re.M)
 
 
 def test_environment_yml_pins_the_tested_torch_as_the_cpu_build_with_existing_extras(
