@@ -116,8 +116,11 @@ SHARED_WORKER = {"tests/test_grading_trust.py": "tests/test_class_grading.py"}
 # The files whose fixtures grade for minutes start first, one per worker, and every other file
 # fills the time around them: started in the middle of the run (xdist orders the files largest
 # first, and the class's come after test_launch's and test_scan's), one could end the run alone
-# on one worker while the other sat idle.
-FIRST = ("tests/test_course.py", "tests/test_class_grading.py")
+# on one worker while the other sat idle. After them, the files of few tests that each take
+# long (a hub, a browser, torchrun): counted by their tests they would come last, and one of
+# them ran for the last minute and a half of the run on one worker (measured: one core idle).
+FIRST = ("tests/test_course.py", "tests/test_class_grading.py", "tests/test_hub_class.py",
+         "tests/test_browser.py", "tests/test_inert_pages.py", "tests/test_hybrid.py")
 
 
 def first_scopes_to_front(workqueue: OrderedDict) -> None:

@@ -544,7 +544,7 @@ def test_the_long_fixtures_start_first_and_the_rest_keep_their_order():
     from .conftest import FIRST, first_scopes_to_front
 
     assert all((PACKAGE_DIR.parent / name).is_file() for name in FIRST), FIRST
-    queue = OrderedDict((name, {}) for name in ("tests/b.py", FIRST[1], "tests/c.py", FIRST[0]))
+    queue = OrderedDict((name, {}) for name in ("tests/b.py", *reversed(FIRST), "tests/c.py"))
     first_scopes_to_front(queue)
     assert list(queue) == [*FIRST, "tests/b.py", "tests/c.py"]
 
