@@ -102,6 +102,29 @@ def test_launching_at_once_after_the_import_waits_for_the_warm_up_instead_of_rac
     assert gone_soon(mark) == []
 
 
+def test_a_script_read_from_standard_input_is_refused_with_the_way_out(tmp_path):
+    """python - < train.py: every rank started afresh would run the main script's file again,
+    and "<stdin>" is none (each rank died with exit code 1, nothing said why)."""
+    mark = uuid.uuid4().hex
+    env = {**os.environ, MARK: mark,
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    script = ("import dpmp_lab as dl\n"
+              "def work():\n    return 1\n"
+              "if __name__ == '__main__':\n"
+              "    print(dl.launch(work, world_size=2, stream=False).values)\n")
+    done = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True,
+                          timeout=120, env=env, cwd=tmp_path)
+    assert done.returncode == 1
+    assert "RuntimeError: this script was read from <stdin>" in done.stderr
+    assert "python script.py" in done.stderr and 'start_method="fork"' in done.stderr
+    assert gone_soon(mark) == []
+    forked = script.replace("stream=False", "stream=False, start_method='fork'")
+    done = subprocess.run([sys.executable, "-"], input=forked, capture_output=True, text=True,
+                          timeout=120, env=env, cwd=tmp_path)
+    assert done.returncode == 0 and done.stdout.strip() == "[1, 1]", done.stderr
+    assert gone_soon(mark) == []
+
+
 @pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
 def test_a_script_that_launches_unguarded_gets_one_short_error(tmp_path, start_method):
     script = tmp_path / "train.py"

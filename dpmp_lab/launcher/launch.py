@@ -249,6 +249,17 @@ def visible_gpus() -> int:
 # -- checking the request ---------------------------------------------------------------------
 
 
+def _main_without_a_file() -> str | None:
+    """What the main script was read from when it names a file that is not there (python -
+    reads it from standard input: "<stdin>"), else None. A rank that multiprocessing starts
+    afresh runs the main script's file again, which then fails in every rank."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if getattr(main, "__spec__", None) is not None or not isinstance(path, str):
+        return None
+    return None if os.path.exists(path) else path
+
+
 def _check_request(fn, world_size, backend, timeout, start_method, env, threads,
                    pg_timeout, device_audit=None, max_result_bytes=MAX_RESULT_BYTES,
                    debug=False) -> Request:
@@ -261,6 +272,13 @@ def _check_request(fn, world_size, backend, timeout, start_method, env, threads,
         raise ValueError(f"start_method {start_method!r} is not available on {sys.platform}")
     if sys.platform == "win32":
         raise RuntimeError("dl.launch runs on Linux and macOS; on Windows use WSL2.")
+    if start_method != "fork" and _main_without_a_file():
+        raise RuntimeError(
+            f"this script was read from {_main_without_a_file()}, and every rank started with "
+            f"start_method={start_method!r} imports the main script again from its file to "
+            "find the function it runs: there is none. Save it and run `python script.py` "
+            "(with the launch under `if __name__ == \"__main__\":`), or pass "
+            "start_method=\"fork\".")
     positive_seconds("timeout", timeout)
     positive_seconds("pg_timeout", pg_timeout)
     if threads is not None:
