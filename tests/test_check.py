@@ -216,6 +216,23 @@ def test_gather_where_a_sum_belongs():
     assert "an all_reduce where an all_gather belongs" in comm_failure(t, {"all_gather": 1})
 
 
+def test_a_reduction_by_hand_is_named_by_its_collectives_and_none_is_asked_for():
+    ranks = (0, 1, 2)
+    one_rank = [trace_of(("reduce", ranks, None, None), ("broadcast", ranks, None, None),
+                         rank=r) for r in ranks]
+    with pytest.raises(CheckFailed) as info:
+        dl.check.reduced_in_one_collective(one_rank, "my_step")
+    msg = str(info.value)
+    assert msg.startswith("my_step issued broadcast and reduce calls, on 3 ranks.")
+    assert "reduced onto one rank and sent back" in msg and "[hint: dp.reduce_then_broadcast]" in msg
+    gathered = [trace_of(("all_gather", ranks, None, None), rank=r) for r in ranks]
+    with pytest.raises(CheckFailed, match=r"all N gradients(.|\n)*dp.gather_then_sum"):
+        dl.check.reduced_in_one_collective(gathered, "my_step")
+    dl.check.reduced_in_one_collective([trace_of(("all_reduce", ranks, None, None), rank=r)
+                                        for r in ranks], "my_step")
+    dl.check.reduced_in_one_collective(dl.Trace(), "my_step")   # no call: another check's
+
+
 def test_collective_in_a_send_recv_exercise():
     t = trace_of(("all_reduce", (0, 1, 2), None, None))
     msg = comm_failure(t, {"send": 4, "recv": 4})

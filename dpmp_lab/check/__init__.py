@@ -10,7 +10,8 @@ mistake that most often produces that difference. In a notebook only the message
 not our internals.
 
     numbers        compare, close, same_on_all_ranks, against_reference; grads, params
-    communication  comm, overlaps_backward: exact counts per op, group and phase, and bytes
+    communication  comm, overlaps_backward: exact counts per op, group and phase, and bytes;
+                   reduced_in_one_collective: no reduction done by hand around collectives
     references     references_off, with_references_off: the library's versions switched off;
                    stand_ins: the library's versions standing in for earlier answers
     sides          on_learners_side: a test's part that must run beside the learner's code
@@ -19,7 +20,7 @@ not our internals.
     failed         CheckFailed
 """
 
-from dpmp_lab.check.communication import comm, overlaps_backward
+from dpmp_lab.check.communication import comm, overlaps_backward, reduced_in_one_collective
 from dpmp_lab.check.failed import CheckFailed
 from dpmp_lab.check.numbers import (
     FP32,
@@ -43,5 +44,5 @@ from dpmp_lab.trace import OPS
 
 __all__ = ["FP32", "FP64", "OPS", "CheckFailed", "ReferenceSwitchedOff", "against_reference",
            "close", "comm", "compare", "grads", "overlaps_backward", "params", "references_off",
-           "on_learners_side", "row_parts", "same_on_all_ranks", "stand_ins",
-           "with_references_off"]
+           "on_learners_side", "reduced_in_one_collective", "row_parts", "same_on_all_ranks",
+           "stand_ins", "with_references_off"]

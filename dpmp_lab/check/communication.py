@@ -2,6 +2,7 @@
 
     dl.check.comm(res, {("all_reduce", "tp", "forward"): 1, ("all_reduce", "tp", "backward"): 1})
     dl.check.overlaps_backward(res)      # traced with dl.trace(gradients_of=model)
+    dl.check.reduced_in_one_collective(res, "dp_train_step")
 
 A key names a set of calls: an op ("all_reduce"), (op, group) or (op, group, phase). Each rank's
 calls are counted per key into a table of expected against seen (hints.CommTable). A rank whose
@@ -19,6 +20,7 @@ from dpmp_lab.check.failed import CheckFailed
 from dpmp_lab.check.hints import (
     BLOCKING_HINT,
     OVERLAP_HINT,
+    REDUCED_BY_HAND,
     CommTable,
     Row,
     keyed_likely_mistakes,
@@ -30,7 +32,8 @@ from dpmp_lab.i18n.messages import _
 from dpmp_lab.render import Table, cell, human_bytes
 from dpmp_lab.trace import Trace, matcher, traces_of
 
-__all__ = ["comm", "comm_table", "overlaps_backward", "parse_key"]
+__all__ = ["comm", "comm_table", "overlaps_backward", "parse_key",
+           "reduced_in_one_collective"]
 
 Key = tuple[str, Any, str | None]   # (op, group, phase); None: any
 
@@ -62,6 +65,20 @@ def comm(traces: Any, expected: Mapping | Callable[[int], Mapping], *,
         raise CheckFailed("\n\n".join(
             _("The communication of {ranks} is not what this exercise expects.").format(
                 ranks=ranks_text(ranks)) + f"\n\n{report}" for report, ranks in reports.items()))
+
+
+def reduced_in_one_collective(traces: Any, step: str) -> None:
+    """Assert that no rank did a reduction's work around collectives that only move data (one
+    rank reducing for all and sending the sum back; every rank gathering all N copies to add
+    them up), and say which of the two it was. An exercise that leaves the choice of the
+    collective to the learner asks for it this way, so that its visible test names none."""
+    ts = traces_of(traces)
+    used = sorted({ev.op for t in ts for ev in t.events} & set(REDUCED_BY_HAND))
+    if used:
+        raise CheckFailed(
+            _("{step} issued {ops} calls, on {world} ranks.").format(
+                step=step, ops=" and ".join(used), world=len(ts))
+            + "\n" + likely(REDUCED_BY_HAND[used[0]]))
 
 
 def overlaps_backward(traces: Any, op: str = "all_reduce", group: Any = None, *,

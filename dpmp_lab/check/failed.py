@@ -17,8 +17,8 @@ class CheckFailed(AssertionError):
 
     def seen(self) -> str:
         """The message without the check's own guess at the cause (its "Likely mistake" lines,
-        in any language, and their hint keys): for a test that knows the cause better and says its own, so
-        that the learner reads one cause, not two."""
+        in any language, and their hint keys): for a test that knows the cause better and says
+        its own, so that the learner reads one cause, not two."""
         lines = [line for line in str(self).split("\n")
                  if not line.lstrip().startswith(tuple(LIKELY_MISTAKE.values()))
                  and not _HINT_KEYS.fullmatch(line.strip())]

@@ -46,7 +46,8 @@ from dpmp_lab.render import cell
 from dpmp_lab.trace import CommEvent, matcher
 
 __all__ = ["BLOCKING_HINT", "COMM_HINTS", "CommHint", "CommTable", "HINT_TAG", "OVERLAP_HINT",
-           "P2P", "P2P_ADVICE", "REPLICA_HINT", "Row", "SCALE_HINTS", "Scale", "ScaleHint",
+           "GATHERED_SUM", "ONE_RANK_REDUCES", "P2P", "P2P_ADVICE",
+           "REDUCED_BY_HAND", "REPLICA_HINT", "Row", "SCALE_HINTS", "Scale", "ScaleHint",
            "exercise_key", "keyed_likely_mistakes", "keyed_scale_hint", "likely", "tag", "where"]
 
 # -- the keys a failure carries ----------------------------------------------------------------
@@ -87,6 +88,20 @@ BLOCKING_HINT = N_("the hooks started each all-reduce at the right moment, then 
                    "a call without async_op returns once its result has arrived, so backward "
                    "stood still meanwhile; overlap needs a handle at once, and the wait after "
                    "backward")
+
+# a reduction the ranks did by hand around collectives that only move data: one rank adding
+# for all and sending the sum back, or every rank receiving all N copies to add them up
+ONE_RANK_REDUCES = N_(
+    "the gradients were reduced onto one rank and sent back from it: two collectives, one "
+    "after the other, where a single one can leave the sum on every rank with the additions "
+    "spread over all of them (done naively, the one rank receives and sends all N-1 other "
+    "gradients). [hint: dp.reduce_then_broadcast]")
+GATHERED_SUM = N_(
+    "every rank received all N gradients to add them up itself: N copies of the gradient in "
+    "memory and (N-1) n bytes in per rank, where a reduction done inside the collective sends "
+    "about 2n per rank whatever N. [hint: dp.gather_then_sum]")
+REDUCED_BY_HAND = {"reduce": ONE_RANK_REDUCES, "broadcast": ONE_RANK_REDUCES,
+                   "all_gather": GATHERED_SUM}
 
 P2P_ADVICE = N_("post each send together with its receive (dist.isend/dist.irecv, or "
                 "dist.batch_isend_irecv, then wait), since on gloo a blocking send waits for "
