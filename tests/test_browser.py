@@ -11,7 +11,10 @@ Playwright, in the order a learner works through 00_launch:
   4. with an nbgrader exchange (a shared server): the instructor releases 00_launch, the learner
      fetches and submits it from the Assignment List, the instructor collects it.
 
-Screenshots of each step are kept in test-artifacts/browser/, with the server's log.
+A second JupyterLab serves the same notebook released in Japanese, as `bootstrap.py course
+--lang ja` serves it: JupyterLab's menus, the text and the library's messages in Japanese.
+
+Screenshots of each step are kept in test-artifacts/browser/, with the servers' logs.
 Chromium comes from the system (Debian's `chromium` package), never from a Playwright download
 (tests/browser_pages.py). Without it the test skips on a learner's machine and fails under CI
 (CI=true).
@@ -87,11 +90,13 @@ def rank_processes(server_pid: int) -> list[str]:
 
 
 class Lab:
-    """A JupyterLab started with `python3 bootstrap.py course`, on a copy of course/."""
+    """A JupyterLab started with `python3 bootstrap.py course`, on a copy of course/ (or of
+    another release); its log in test-artifacts/browser/<log>."""
 
-    def __init__(self, tmp: Path):
+    def __init__(self, tmp: Path, release: Path = ROOT / "course",
+                 log: str = "jupyter-server.log"):
         self.course = tmp / "course"
-        shutil.copytree(ROOT / "course", self.course)
+        shutil.copytree(release, self.course)
         home = tmp / "jupyter"
         # An nbgrader exchange, as on a shared server: the instructor releases into it, the
         # learner's Assignment List fetches into fetched/ and submits back.
@@ -113,9 +118,7 @@ class Lab:
                    IPYTHONDIR=str(home / "ipython"))
         self.token = secrets.token_hex(16)
         self.url = f"http://127.0.0.1:{free_port()}"
-        shutil.rmtree(ARTIFACTS, ignore_errors=True)  # only this run's pictures
-        ARTIFACTS.mkdir(parents=True)
-        self.log_path = ARTIFACTS / "jupyter-server.log"
+        self.log_path = ARTIFACTS / log
         self.log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
         port = self.url.rsplit(":", 1)[1]
         # bootstrap.py becomes `dpmp-lab lab`, which becomes `jupyter lab`: one pid throughout.
@@ -156,6 +159,8 @@ class Lab:
 def lab(tmp_path_factory) -> Iterator[Lab]:
     chromium_path()  # skip before starting anything when the browser or playwright is missing
     playwright_api()
+    shutil.rmtree(ARTIFACTS, ignore_errors=True)  # only this run's pictures and logs
+    ARTIFACTS.mkdir(parents=True)
     server = Lab(tmp_path_factory.mktemp("browser"))
     try:
         yield server
@@ -254,6 +259,46 @@ def test_launch_cells_show_every_rank_and_its_state(page, notebook):
     assert "[9.0, 9.0]" in text, text
     hello.scroll_into_view_if_needed()
     shot(page, "01_launch_cells")
+
+
+def test_a_course_in_japanese_opens_in_a_japanese_jupyterlab(lab, page, tmp_path):
+    """A release in Japanese opened as `bootstrap.py course` opens it (the folder's language
+    decides): JupyterLab's own menus in Japanese (its language pack), the notebook's text in
+    Japanese, its launch cell showing every rank, and a failed launch told in Japanese by the
+    library (the kernel and its ranks speak the notebook's language)."""
+    from dpmp_lab import i18n
+
+    expect = playwright_api().expect
+    release = tmp_path / "course-ja" / "00_launch"
+    release.mkdir(parents=True)
+    nb = i18n.translate(nbformat.read(ROOT / "course" / NOTEBOOK, as_version=4), "ja",
+                        "00_launch")
+    nbformat.write(nb, release / "00_launch.ipynb")
+    server = Lab(tmp_path / "lab", release.parent, log="jupyter-server-ja.log")
+    try:
+        ja = page.context.browser.new_page(viewport={"width": 1400, "height": 1000})
+        ja.set_default_timeout(60_000)
+        ja.goto(f"{server.url}/lab/tree/{NOTEBOOK}?token={server.token}")
+        ja.wait_for_function(KERNEL_READY, timeout=120_000)
+        expect(ja.locator(".lm-MenuBar-itemLabel").first).to_have_text("ファイル")
+        heading = ja.locator(".jp-Notebook .jp-Cell").first.inner_text()
+        assert re.search("[\u3040-\u30ff]", heading), heading   # kana: the text is Japanese
+        run(ja, cell(ja, nb, "import dpmp_lab as dl"))
+        hello = cell(ja, nb, "res = dl.launch(hello")
+        run(ja, hello)
+        text = output(hello)   # what the ranks print is the notebook's, in Japanese
+        assert all(f"[rank {r}] ランク {r}（全4ランク中）です" in text for r in range(4)), text
+        assert "[0, 1, 4, 9]" in text, text
+        answer = cell(ja, nb, "def my_rows")   # a learner's scratch line in an answer cell
+        type_into(ja, answer, "dl.launch(lambda: 1 / 0, world_size=2, stream=False)")
+        run(ja, answer)
+        text = output(answer)
+        assert "ZeroDivisionError" in text and "ランク" in text, text
+        ja.screenshot(path=str(ARTIFACTS / "ja_launch.png"), full_page=False)
+        ja.close()
+    finally:
+        left = server.stop()
+    assert left == [], f"processes outlived the Japanese course's server: {left}"
 
 
 def solution(source: str) -> str:
