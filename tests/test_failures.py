@@ -180,6 +180,25 @@ def test_hints_for_a_failure(failure, hint):
     assert (err.hint is None) if hint is None else hint in err.hint
 
 
+def test_a_failure_s_hint_and_signal_are_told_in_the_learner_s_language(monkeypatch):
+    """The report is in the language of the kernel (DPMP_LAB_LANG), the hint kept in English
+    for code that compares it."""
+    monkeypatch.setenv("DPMP_LAB_LANG", "ja")
+    killed = RankFailure(0, Reason.SIGNAL, signal=signal.SIGKILL, exitcode=-9)
+    err = launch_error({0: killed}, output=["", ""], finished=[], pg_timeout=30)
+    text = str(err)
+    assert "ランク 0 はシグナル SIGKILL で強制終了されました（外部から強制終了されました" in text
+    assert "ヒント：マシンのメモリが足りなくなった可能性があります" in text
+    assert "out of memory" in err.hint
+    stuck = {0: still_running(0, stack=stack_from_dump(dump(IN_ALL_REDUCE), MAIN_THREAD),
+                              output="", timeout=3)}
+    text = str(launch_timeout(stuck, output=["", ""], finished=[1]))
+    assert "ヒント：終わらないランクは、たいてい、ほかのランクが呼ばなかった集団通信で" in text
+    monkeypatch.setenv("DPMP_LAB_LANG", "en")
+    assert "was killed by signal SIGKILL (killed from outside" in str(
+        launch_error({0: killed}, output=["", ""], finished=[], pg_timeout=30))
+
+
 def test_launch_timeout_names_the_stuck_ranks_in_order():
     stuck = {r: still_running(r, stack=stack_from_dump(dump(IN_ALL_REDUCE), MAIN_THREAD),
                               output="step 7\n", timeout=3) for r in (2, 0)}

@@ -24,13 +24,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dpmp_lab._helpers import indent, ranks_text, tail
-from dpmp_lab.i18n.messages import _
+from dpmp_lab.i18n.messages import N_, _
 from dpmp_lab.launcher import flight
 from dpmp_lab.launcher.hints import (
     DESTROYED_GROUP_HINT,
     HANDLE_HANG_HINT,
     HANG_HINT,
+    MEMORY_HINT,
     P2P_HANG_HINT,
+    SHAPES_HINT,
     SIGNAL_HINTS,
     UNPICKLABLE_HINT,
 )
@@ -73,10 +75,10 @@ class RankFailure:
                                                                message=self.message)
             return head + "\n" + indent(self.traceback.rstrip())
         if self.reason == Reason.SIGNAL:
-            head = (
-                f"{who} {'were' if len(alike) > 1 else 'was'} killed by signal "
-                f"{self.signal.name} ({SIGNAL_HINTS.get(self.signal.name, 'the process died')})"
-            )
+            why = _(SIGNAL_HINTS.get(self.signal.name, N_("the process died")))
+            killed = (N_("{who} were killed by signal {signal} ({why})") if len(alike) > 1
+                      else N_("{who} was killed by signal {signal} ({why})"))
+            head = _(killed).format(who=who, signal=self.signal.name, why=why)
             if self.traceback:
                 head += "\n" + indent(self.traceback.rstrip())
         elif self.reason == Reason.EXIT:
@@ -145,7 +147,7 @@ class LaunchError(RuntimeError):
         if recorded and isinstance(self, LaunchTimeout):
             lines.append(recorded)
         if self.hint:
-            lines.append(_("Hint: {hint}").format(hint=self.hint))
+            lines.append(_("Hint: {hint}").format(hint=_(self.hint)))
         return "\n".join(lines)
 
     def _render_traceback_(self) -> list[str]:
@@ -295,9 +297,9 @@ def hint_for(failures: dict[int, RankFailure]) -> str | None:
         return UNPICKLABLE_HINT
     text = first.output_tail + first.message
     if "size doesn't match" in text or "Mismatch" in text:
-        return "the ranks passed tensors of different shapes or dtypes to the same collective."
+        return SHAPES_HINT
     if first.reason == Reason.SIGNAL and first.signal and first.signal.name == "SIGKILL":
-        return "the machine may have run out of memory: try smaller tensors or fewer ranks."
+        return MEMORY_HINT
     return None
 
 
