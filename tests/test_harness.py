@@ -174,6 +174,7 @@ def _learner() -> tuple[dict, Link]:
     namespace: dict = {}
     exec("""
 import torch
+import torch.distributed as dist
 import dpmp_lab as dl
 
 def update(acc, scale):
@@ -196,6 +197,9 @@ def rows(n, rank, world, _split=dl.models.shard_range):
 
 def uses_piece(x):
     return piece(x)
+
+def keywords(scale, timeout, env=None):
+    return scale * dist.get_rank(), timeout, env
 
 def piece(x):
     return -1
@@ -250,6 +254,23 @@ def test_the_references_switched_off_and_the_stand_ins_reach_the_learners_kernel
     with dl.check.stand_ins(here, piece=abs):
         assert names["uses_piece"](-3) == 3
     assert names["uses_piece"](-3) == -1 and here["piece"](1) == 10
+
+
+def test_a_launch_of_the_learners_function_keeps_its_keywords_apart_from_the_options():
+    """The harness sends a launch of the learner's code to the learner's kernel: a keyword of
+    the function named like a launcher option reaches the function, never the launcher."""
+    from dpmp_lab.harness import remote
+    from dpmp_lab.launcher import launch as launch_module
+
+    namespace, link = _learner()
+    keywords = _names(link, namespace, ["keywords"])["keywords"]
+    launch_module.route_launches(remote._route(link))
+    try:
+        res = dl.launch(keywords, 3, world_size=2, stream=False, timeout=60,
+                        fn_kwargs={"timeout": 7, "env": "mine"})
+    finally:
+        launch_module.route_launches(None)
+    assert res.values == [(0, 7, "mine"), (3, 7, "mine")]
 
 
 def test_a_learners_object_never_crosses_by_pickling():

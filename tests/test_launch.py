@@ -769,6 +769,22 @@ def test_bad_arguments(kwargs, error, text):
     assert stray_processes() == []
 
 
+def takes_the_launchers_names(scale, timeout, env=None):
+    return scale * dist.get_rank(), timeout, env
+
+
+def test_a_function_gets_keywords_named_like_the_launchers_options_through_fn_kwargs():
+    res = dl.launch(takes_the_launchers_names, 10, world_size=2, stream=False, timeout=60,
+                    fn_kwargs={"timeout": 5, "env": "mine"})
+    assert res.values == [(0, 5, "mine"), (10, 5, "mine")]
+    with pytest.raises(TypeError, match="scale both as a keyword argument and in fn_kwargs"):
+        dl.launch(takes_the_launchers_names, world_size=2, scale=1,
+                  fn_kwargs={"scale": 2, "timeout": 5})
+    with pytest.raises(TypeError, match="fn_kwargs must map names"):
+        dl.launch(takes_the_launchers_names, 1, world_size=2, fn_kwargs=[("timeout", 5)])
+    assert stray_processes() == []
+
+
 def test_not_callable():
     with pytest.raises(TypeError, match="needs a function"):
         dl.launch(42, world_size=2)

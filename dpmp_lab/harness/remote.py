@@ -285,8 +285,8 @@ def _route(link: Link) -> Any:
         _, remotes = pickled((fn, args, kwargs))
         if not remotes:
             return None   # nothing of the learner's: the harness's own ranks
-        options = {**options, "progress": False}
-        return link.call(launch_module.launch, (fn, *args), {**options, **kwargs})
+        options = {**options, "progress": False}   # fn's own keywords apart: never an option
+        return link.call(launch_module.launch, (fn, *args), {**options, "fn_kwargs": kwargs})
     return route
 
 

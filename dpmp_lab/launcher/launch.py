@@ -24,7 +24,7 @@ import multiprocessing as mp
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,10 +137,15 @@ def launch(
     device_audit: bool | None = None,
     max_result_bytes: int = MAX_RESULT_BYTES,
     debug: bool = False,
+    fn_kwargs: Mapping[str, Any] | None = None,
     **kwargs: Any,
 ) -> LaunchResult:
     """Run `fn(*args, **kwargs)` on `world_size` ranks, each in its own process with the default
     process group initialised, and return what every rank returned.
+
+    fn_kwargs:    keyword arguments for fn whose names are the launcher's own options below
+                  (`timeout`, `env`, ...): `launch(fn, fn_kwargs={"timeout": 5})` calls
+                  fn(timeout=5); other keyword arguments may go either way.
 
     backend:      "auto" (nccl when there is one GPU per rank, else gloo), "gloo" or "nccl".
     timeout:      seconds for the whole launch; past it the stuck ranks are named (LaunchTimeout).
@@ -173,6 +178,14 @@ def launch(
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(UNGUARDED_EXIT)
+    if fn_kwargs is not None:
+        if not isinstance(fn_kwargs, Mapping) or not all(isinstance(k, str) for k in fn_kwargs):
+            raise TypeError(f"fn_kwargs must map names to values, got {short_repr(fn_kwargs)}")
+        both = sorted(set(fn_kwargs) & set(kwargs))
+        if both:
+            raise TypeError(f"launch() got {', '.join(both)} both as a keyword argument and in "
+                            "fn_kwargs: give each once")
+        kwargs = {**kwargs, **fn_kwargs}
     if _route is not None:
         options = {"world_size": world_size, "backend": backend, "timeout": timeout,
                    "start_method": start_method, "trace": trace, "env": env,
