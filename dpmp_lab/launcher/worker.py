@@ -42,6 +42,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.overrides
+from torch.distributed import c10d_logger
 
 import dpmp_lab
 import dpmp_lab.integrity as integrity
@@ -303,9 +305,10 @@ def _describe(exc: BaseException) -> Raised:
 
 # Frames that only wrap the learner's call: this module's, torch's logging decorator, the
 # device audit's mode, the tracer's dispatcher kernel and the check of a collective's tensors.
-PLUMBING = (__file__, "c10d_logger.py", audit.__file__,
-            sys.modules[record_trace.__module__].__file__, "contextlib.py",
-            "overrides.py", collective_inputs.__file__)
+# (Each named by its module's file, so that a module renamed fails here, at import.)
+PLUMBING = (__file__, c10d_logger.__file__, audit.__file__,
+            sys.modules[record_trace.__module__].__file__, contextlib.__file__,
+            torch.overrides.__file__, collective_inputs.__file__)
 
 
 def _drop_plumbing(report: traceback.TracebackException | None, seen: set | None = None) -> None:
