@@ -264,7 +264,7 @@ def test_a_launch_of_the_learners_function_keeps_its_keywords_apart_from_the_opt
 
     namespace, link = _learner()
     keywords = _names(link, namespace, ["keywords"])["keywords"]
-    launch_module.route_launches(remote._route(link))
+    launch_module.route_launches(remote.launch_route(link))
     try:
         res = dl.launch(keywords, 3, world_size=2, stream=False, timeout=60,
                         fn_kwargs={"timeout": 7, "env": "mine"})

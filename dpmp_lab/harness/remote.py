@@ -280,7 +280,9 @@ class _Names:
                     print(f"[harness] your {name} could not be read: {exc}", file=sys.stderr)
 
 
-def _route(link: Link) -> Any:
+def launch_route(link: Link) -> Any:
+    """Where the harness's launches go (launch.route_launches): one that holds the learner's
+    objects to the learner's kernel over `link`, fn's keywords apart from the options."""
     def route(fn: Any, args: tuple, kwargs: dict, options: dict) -> Any:
         _, remotes = pickled((fn, args, kwargs))
         if not remotes:
@@ -296,8 +298,9 @@ def install(shell: Any, path: str, names: Iterable[str]) -> None:
     link = Link(path)
     learner = _Names(link, shell.user_ns, names)
     shell.events.register("pre_run_cell", learner.refresh)
-    launch_module.route_launches(_route(link))
+    launch_module.route_launches(launch_route(link))
     sides.route_calls(link.call)
 
 
-__all__ = ["HarnessError", "LearnerError", "Link", "Remote", "install", "pickled", "rebuilt"]
+__all__ = ["HarnessError", "LearnerError", "Link", "Remote", "install", "launch_route", "pickled",
+           "rebuilt"]
