@@ -31,6 +31,8 @@ new maintainer can read top to bottom.
 from __future__ import annotations
 
 import ast
+import importlib
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -438,6 +440,55 @@ def test_no_private_name_is_used_outside_its_module():
     found = private_names_used_elsewhere(PACKAGE_DIR)
     assert not found, ("private names used outside their module; make the name public (no "
                        "leading underscore) or keep its use inside:\n  " + "\n  ".join(found))
+
+
+# a dotted name of the package inside a string: a module or a module's attribute
+DOTTED = re.compile(r"(?<![\w/.])dpmp_lab(?:\.[A-Za-z_]\w*)+")
+
+
+def unresolved_names(package: Path) -> list[str]:
+    """The package's names kept in strings (for `python -m`, `__import__` in another kernel, a
+    class the hub loads, a module guarded by name, a docstring) that name nothing: each is
+    imported, and its attributes looked up, as the code that reads it would."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
+                continue
+            for match in DOTTED.finditer(node.value):
+                parts = match.group(0).split(".")
+                for k in range(len(parts), 0, -1):   # the longest prefix that is a module
+                    try:
+                        obj: object = importlib.import_module(".".join(parts[:k]))
+                        break
+                    except ImportError:
+                        continue
+                rest = parts[k:]
+                while rest and hasattr(obj, rest[0]):
+                    obj, rest = getattr(obj, rest[0]), rest[1:]
+                if rest:
+                    found.append((str(path.relative_to(package.parent)), node.lineno,
+                                  match.group(0)))
+    return [f"{where}:{line}: {name}" for where, line, name in sorted(found)]
+
+
+def test_every_name_of_the_package_kept_in_a_string_names_something():
+    """A rename must fail here, not where a grading job or the hub first reads the string."""
+    import dpmp_lab
+
+    dpmp_lab.load()
+    missing = unresolved_names(PACKAGE_DIR)
+    assert not missing, "strings name what is not there (renamed?):\n  " + "\n  ".join(missing)
+
+
+def test_a_name_in_a_string_that_names_nothing_is_found(tmp_path):
+    (tmp_path / "dpmp_lab").mkdir()
+    (tmp_path / "dpmp_lab" / "a.py").write_text(
+        'RUN = "dpmp_lab.instructor.hub_roster"\nGONE = ("dpmp_lab.instructor.no_such_module",)\n'
+        'ATTR = "dpmp_lab.trace.NoSuchClass"\n')
+    assert unresolved_names(tmp_path / "dpmp_lab") == [
+        "dpmp_lab/a.py:2: dpmp_lab.instructor.no_such_module",
+        "dpmp_lab/a.py:3: dpmp_lab.trace.NoSuchClass"]
 
 
 def test_a_private_name_imported_elsewhere_is_found(tmp_path):
