@@ -14,11 +14,12 @@ its silent bug, pytorch/pytorch#162338, was fixed in December 2025).
 
 Two ways to hold the replicas, each in its module: dp.data_parallel's DataParallel (what
 torch's DistributedDataParallel does: bucketed all-reduces overlapping backward) and
-dp.zero's ShardedOptimizer (ZeRO stage 1: the optimizer state split over the ranks). Both
+dp.zero's ZeRO1Optimizer and ZeRO2Optimizer (ZeRO stages 1 and 2: the optimizer state, and
+then the gradients too, split over the ranks; ShardedOptimizer(stage=...) makes either). Both
 start from dp.replicas: the group to average over and identical replicas.
 """
 
 from dpmp_lab.dp.data_parallel import DataParallel
-from dpmp_lab.dp.zero import ShardedOptimizer
+from dpmp_lab.dp.zero import ShardedOptimizer, ZeRO1Optimizer, ZeRO2Optimizer
 
-__all__ = ["DataParallel", "ShardedOptimizer"]
+__all__ = ["DataParallel", "ShardedOptimizer", "ZeRO1Optimizer", "ZeRO2Optimizer"]

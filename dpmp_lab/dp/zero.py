@@ -1,5 +1,5 @@
-"""ZeRO stages 1 and 2 (ShardedOptimizer): each rank keeps optimizer state (and, in stage 2,
-gradients) for 1/N of the parameters.
+"""ZeRO stages 1 and 2: each rank keeps optimizer state (ZeRO1Optimizer) and also gradients
+(ZeRO2Optimizer) for 1/N of the parameters; ShardedOptimizer(stage=...) makes either.
 
 The gradients are reduce-scattered instead of all-reduced, so each rank gets the averaged
 gradient of its own 1/N of the parameters, keeps optimizer state (AdamW's two moments: twice
@@ -26,46 +26,40 @@ from torch import nn
 
 from dpmp_lab.dp.replicas import check_same_everywhere, first_rank, resolve_group
 
-__all__ = ["ShardedOptimizer"]
+__all__ = ["ShardedOptimizer", "ZeRO1Optimizer", "ZeRO2Optimizer"]
 
 
-class ShardedOptimizer:
-    """ZeRO stage 1: each rank keeps optimizer state for 1/N of the parameters only.
+def ShardedOptimizer(params: Iterable[torch.Tensor],  # noqa: N802 - the name notebooks call
+                     optimizer_cls: type[torch.optim.Optimizer] = torch.optim.AdamW,
+                     group: dist.ProcessGroup | None = None, *, stage: int = 1,
+                     **optimizer_kwargs: Any) -> ZeRO1Optimizer | ZeRO2Optimizer:
+    """ZeRO over `group`'s ranks (None: every rank): stage 1 shards the optimizer state
+    (ZeRO1Optimizer), stage 2 the gradients too (ZeRO2Optimizer). Stage 3 also shards the
+    parameters: dpmp_lab.fsdp.
 
-    params:          the trainable parameters of a plain (not DataParallel-wrapped) model; this
-                     class averages the gradients itself.
+    params:          the trainable parameters of a plain (not DataParallel-wrapped) model; the
+                     optimizer averages the gradients itself.
     optimizer_cls:   the optimizer run on this rank's shard, e.g. torch.optim.AdamW.
-    group:           the data-parallel ranks (None: every rank).
-    stage:           1: reduce-scatter the gradients in step(); 2: reduce-scatter each
-                     gradient in backward and keep only this rank's shard of it (every
-                     trainable parameter must then get a gradient in every backward).
     optimizer_kwargs: passed on, e.g. lr=1e-3, weight_decay=0.01.
-
-    The parameters are flattened into one vector, padded to a multiple of the group size N and
-    cut into N contiguous shards; rank r owns shard r. At construction the vector is broadcast
-    from the group's first rank, so replicas start identical. step() = reduce-scatter the flat
-    gradients (SUM, then / N), optimizer step on the shard, all-gather the updated shards into
-    the parameters. A parameter without a gradient counts as a zero gradient (so AdamW still
-    decays it), because every rank must send the same vector. p.grad keeps this rank's local
-    gradient: only the shard's average is ever formed.
-
-    Stage 1 holds the memory its formula counts: every parameter is a view of the flat
-    parameter vector and every p.grad a view of the flat gradient vector (autograd accumulates
-    into it in place, as DDP's gradient_as_bucket_view does), the shard is a view of the flat
-    parameters (stepping it steps the model), and the shard's averaged gradient lives only
-    during step(). So params + grads are Ψ each, as in plain data parallelism, and only the
-    optimizer state shrinks. zero_grad() zeroes the flat gradients in place, keeping the views.
     """
+    if stage not in (1, 2):
+        raise ValueError(f"stage must be 1 (optimizer state sharded) or 2 (gradients too); "
+                         f"got {stage!r}. Stage 3 shards the parameters: "
+                         "dpmp_lab.fsdp.FullyShardedDataParallel")
+    cls = ZeRO1Optimizer if stage == 1 else ZeRO2Optimizer
+    return cls(params, optimizer_cls, group, **optimizer_kwargs)
+
+
+class _Sharded:
+    """What both stages share: the arguments checked, the group, the trainable parameters made
+    identical on every rank (broadcast from the group's first rank), and the inner optimizer's
+    groups and state."""
+
+    stage = 0
 
     def __init__(self, params: Iterable[torch.Tensor],
                  optimizer_cls: type[torch.optim.Optimizer] = torch.optim.AdamW,
-                 group: dist.ProcessGroup | None = None, *, stage: int = 1,
-                 **optimizer_kwargs: Any):
-        if stage not in (1, 2):
-            raise ValueError(f"stage must be 1 (optimizer state sharded) or 2 (gradients too); "
-                             f"got {stage!r}. Stage 3 shards the parameters: "
-                             "dpmp_lab.fsdp.FullyShardedDataParallel")
-        self.stage = stage
+                 group: dist.ProcessGroup | None = None, **optimizer_kwargs: Any):
         if not (isinstance(optimizer_cls, type) and issubclass(optimizer_cls,
                                                                torch.optim.Optimizer)):
             raise TypeError(f"optimizer_cls must be a torch.optim.Optimizer class such as "
@@ -90,28 +84,91 @@ class ShardedOptimizer:
             raise TypeError(f"all parameters must share one dtype and device to be flattened "
                             f"into one buffer; got {sorted(str(k) for k in kinds)}")
         check_same_everywhere(self.params, self.group, "parameters")
-
         self.numel = sum(p.numel() for p in self.params)
         self.shard_size = -(-self.numel // self.group_size)          # ceil
-        padded = self.shard_size * self.group_size
         like = self.params[0]
-        self._flat_params = torch.zeros(padded, dtype=like.dtype, device=like.device)
-        self._flat_grads = torch.zeros_like(self._flat_params)
+        flat = torch.zeros(self.shard_size * self.group_size, dtype=like.dtype,
+                           device=like.device)
         with torch.no_grad():
-            self._pack(self._flat_params, [p.detach() for p in self.params])
-            dist.broadcast(self._flat_params, src=first_rank(self.group), group=self.group)
-            self._unpack_params()
+            self._pack(flat, [p.detach() for p in self.params])
+            dist.broadcast(flat, src=first_rank(self.group), group=self.group)
+            self._unpack(flat)
         self._hooks: list[Any] = []
-        self._shard_grad: torch.Tensor | None = None   # stage 2's reduced gradient chunks
-        if stage == 1:
-            self._stage1_views()
-            self.optimizer = optimizer_cls([self.shard], **optimizer_kwargs)
-        else:
-            self._stage2_layout()
-            self.optimizer = optimizer_cls(self.shard_chunks, **optimizer_kwargs)
+        self._shard_grad: torch.Tensor | None = None
+        self.optimizer = optimizer_cls(self._layout(flat), **optimizer_kwargs)
 
-    def _stage1_views(self) -> None:
+    def _layout(self, flat: torch.Tensor) -> list[nn.Parameter]:
+        """Where the parameters, gradients and this rank's shard live; the tensors the inner
+        optimizer steps."""
+        raise NotImplementedError
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        """The inner optimizer's param groups (change the learning rate here)."""
+        return self.optimizer.param_groups
+
+    @property
+    def state_numel(self) -> int:
+        """Optimizer-state elements this rank holds (AdamW: 2 x shard_size and a step counter
+        per tensor it steps: one in stage 1, one per parameter's chunk in stage 2); unsharded
+        AdamW holds 2 x numel + one counter per tensor."""
+        return sum(t.numel() for state in self.optimizer.state.values()
+                   for t in state.values() if isinstance(t, torch.Tensor))
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """Average gradients (reduce-scatter), update this rank's shard, gather every shard."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        with torch.no_grad():
+            self._step()
+        return loss
+
+    def _step(self) -> None:
+        raise NotImplementedError
+
+    def _pack(self, flat: torch.Tensor, tensors: list[torch.Tensor | None]) -> None:
+        start = 0
+        for p, t in zip(self.params, tensors, strict=True):
+            view = flat[start:start + p.numel()].view(p.shape)
+            if t is None:
+                view.zero_()
+            else:
+                view.copy_(t)
+            start += p.numel()
+
+    def _unpack(self, flat: torch.Tensor) -> None:
+        start = 0
+        for p in self.params:
+            p.copy_(flat[start:start + p.numel()].view(p.shape))
+            start += p.numel()
+
+
+class ZeRO1Optimizer(_Sharded):
+    """ZeRO stage 1: each rank keeps optimizer state for 1/N of the parameters only.
+
+    The parameters are flattened into one vector, padded to a multiple of the group size N and
+    cut into N contiguous shards; rank r owns shard r. step() = reduce-scatter the flat
+    gradients (SUM, then / N), optimizer step on the shard, all-gather the updated shards into
+    the parameters. A parameter without a gradient counts as a zero gradient (so AdamW still
+    decays it), because every rank must send the same vector. p.grad keeps this rank's local
+    gradient: only the shard's average is ever formed.
+
+    It holds the memory its formula counts: every parameter is a view of the flat parameter
+    vector and every p.grad a view of the flat gradient vector (autograd accumulates into it in
+    place, as DDP's gradient_as_bucket_view does), the shard is a view of the flat parameters
+    (stepping it steps the model), and the shard's averaged gradient lives only during step().
+    So params + grads are Ψ each, as in plain data parallelism, and only the optimizer state
+    shrinks. zero_grad() zeroes the flat gradients in place and keeps the views, whatever
+    set_to_none says (as DDP's gradient_as_bucket_view): the gradients stay one buffer.
+    """
+
+    stage = 1
+
+    def _layout(self, flat: torch.Tensor) -> list[nn.Parameter]:
         """Parameters, gradients and the shard as views of the two flat buffers: no copies."""
+        self._flat_params, self._flat_grads = flat, torch.zeros_like(flat)
         self._grad_views: list[torch.Tensor] = []
         start = 0
         for p in self.params:
@@ -124,11 +181,54 @@ class ShardedOptimizer:
             start += p.numel()
         lo = self.group_rank * self.shard_size
         self.shard = nn.Parameter(self._flat_params[lo:lo + self.shard_size])
+        return [self.shard]
 
-    def _stage2_layout(self) -> None:
-        """Each parameter lives in a buffer of its own padded to N chunks, and chunk r of every
-        one is rank r's shard: views, stepped in place, so the shard costs no copy. The
-        full-size flat buffers of stage 1 are not kept."""
+    def held_tensors(self) -> dict[str, list[torch.Tensor | None]]:
+        """What this rank holds beyond the model's parameters and their .grad, by kind: the
+        shard and the flat buffers. A memory timeline adds these; a tensor held twice counts
+        once there."""
+        return {"params": [self.shard, self._flat_params],
+                "grads": [self.shard.grad, self._flat_grads, self._shard_grad]}
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Zero the flat gradients in place; the views stay (set_to_none changes nothing)."""
+        with torch.no_grad():
+            self._flat_grads.zero_()
+            for p, view in zip(self.params, self._grad_views, strict=True):
+                p.grad = view
+
+    def _step(self) -> None:
+        for p, view in zip(self.params, self._grad_views, strict=True):
+            if p.grad is not view:      # set to None or replaced since: back into the view
+                view.copy_(p.grad) if p.grad is not None else view.zero_()
+                p.grad = view
+        shard_grad = torch.empty(self.shard_size, dtype=self.shard.dtype,
+                                 device=self.shard.device)
+        dist.reduce_scatter_single(shard_grad, self._flat_grads, op=dist.ReduceOp.SUM,
+                                   group=self.group)
+        self.shard.grad = shard_grad.div_(self.group_size)
+        self.optimizer.step()           # steps the shard, a view of the flat parameters
+        self.shard.grad = None          # the averaged shard gradient lives in step() only
+        # the shard is the flat vector's own slice: gather from a copy, never in place
+        dist.all_gather_single(self._flat_params, self.shard.detach().clone(),
+                               group=self.group)
+
+
+class ZeRO2Optimizer(_Sharded):
+    """ZeRO stage 2: the gradients are sharded too. A hook reduce-scatters each parameter's
+    gradient as soon as backward has produced it, adds this rank's averaged chunk to its
+    gradient shard and frees p.grad, so a full set of gradients never exists after backward
+    (every trainable parameter must then get a gradient in every backward).
+
+    Each parameter lives in a buffer of its own padded to N chunks, and chunk r of every one is
+    rank r's shard: views, stepped in place, so the shard costs no copy.
+    """
+
+    stage = 2
+
+    def _layout(self, flat: torch.Tensor) -> list[nn.Parameter]:
+        """Each parameter in a padded buffer of its own, chunk r of each this rank's shard; the
+        flat vector that made the replicas identical is not kept."""
         n, r = self.group_size, self.group_rank
         self.chunks = [-(-p.numel() // n) for p in self.params]
         self.chunk_offsets = [sum(self.chunks[:i]) for i in range(len(self.params))]
@@ -139,13 +239,12 @@ class ShardedOptimizer:
             padded[:p.numel()] = p.detach().reshape(-1)
             p.data = padded[:p.numel()].view(p.shape)
             self._padded.append(padded)
-        self.shard = None
         self.shard_chunks = [nn.Parameter(padded[r * c:(r + 1) * c])
                              for padded, c in zip(self._padded, self.chunks, strict=True)]
-        self._flat_params = self._flat_grads = None
         self._reduced: set[int] = set()
         self._hooks = [p.register_post_accumulate_grad_hook(self._reduce_one(i))
                        for i, p in enumerate(self.params)]
+        return self.shard_chunks
 
     def _reduce_one(self, i: int) -> Callable[[torch.Tensor], None]:
         def hook(p: torch.Tensor) -> None:
@@ -166,71 +265,21 @@ class ShardedOptimizer:
 
     def held_tensors(self) -> dict[str, list[torch.Tensor | None]]:
         """What this rank holds beyond the model's parameters and their .grad, by kind: the
-        shard and the flat buffers (stage 1), the padded parameter buffers and the shard's
-        gradient (stage 2). A memory timeline adds these; a tensor held twice counts once
-        there."""
-        if self.stage == 2:
-            return {"params": list(self._padded), "grads": [self._shard_grad]}
-        return {"params": [self.shard, self._flat_params],
-                "grads": [self.shard.grad, self._flat_grads, self._shard_grad]}
-
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        """The inner optimizer's param groups (change the learning rate here)."""
-        return self.optimizer.param_groups
-
-    @property
-    def state_numel(self) -> int:
-        """Optimizer-state elements this rank holds (AdamW: 2 x shard_size and a step counter
-        per tensor it steps: one in stage 1, one per parameter's chunk in stage 2); unsharded
-        AdamW holds 2 x numel + one counter per tensor."""
-        return sum(t.numel() for state in self.optimizer.state.values()
-                   for t in state.values() if isinstance(t, torch.Tensor))
+        padded parameter buffers and the shard's gradient."""
+        return {"params": list(self._padded), "grads": [self._shard_grad]}
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        if self.stage == 2:   # the last step's shard gradient goes too, not only ours
-            self._shard_grad, self._reduced = None, set()
-            for chunk in self.shard_chunks:
-                chunk.grad = None
-        else:           # stage 1: zero the flat gradients in place, the views stay
-            with torch.no_grad():
-                self._flat_grads.zero_()
-                for p, view in zip(self.params, self._grad_views, strict=True):
-                    p.grad = view
-            return
+        """The last step's shard gradient goes, and every p.grad (None, or zeroed in place)."""
+        self._shard_grad, self._reduced = None, set()
+        for chunk in self.shard_chunks:
+            chunk.grad = None
         for p in self.params:
             if set_to_none:
                 p.grad = None
             elif p.grad is not None:
                 p.grad.zero_()
 
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        """Average gradients (reduce-scatter), update this rank's shard, gather every shard."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        if self.stage == 2:
-            return self._step_stage2(loss)
-        with torch.no_grad():
-            for p, view in zip(self.params, self._grad_views, strict=True):
-                if p.grad is not view:      # set to None or replaced since: back into the view
-                    view.copy_(p.grad) if p.grad is not None else view.zero_()
-                    p.grad = view
-            shard_grad = torch.empty(self.shard_size, dtype=self.shard.dtype,
-                                     device=self.shard.device)
-            dist.reduce_scatter_single(shard_grad, self._flat_grads, op=dist.ReduceOp.SUM,
-                                       group=self.group)
-            self.shard.grad = shard_grad.div_(self.group_size)
-            self.optimizer.step()           # steps the shard, a view of the flat parameters
-            self.shard.grad = None          # the averaged shard gradient lives in step() only
-            # the shard is the flat vector's own slice: gather from a copy, never in place
-            dist.all_gather_single(self._flat_params, self.shard.detach().clone(),
-                                   group=self.group)
-        return loss
-
-    @torch.no_grad()
-    def _step_stage2(self, loss: Any) -> Any:
+    def _step(self) -> None:
         missing = [i for i in range(len(self.params)) if i not in self._reduced]
         if missing and len(missing) < len(self.params):
             raise RuntimeError(f"stage 2: {len(missing)} trainable parameters got no gradient "
@@ -248,20 +297,3 @@ class ShardedOptimizer:
         for padded, o, c in zip(self._padded, self.chunk_offsets, self.chunks, strict=True):
             padded.view(n, c).copy_(rows[:, o:o + c])
         self._reduced = set()
-        return loss
-
-    def _pack(self, flat: torch.Tensor, tensors: list[torch.Tensor | None]) -> None:
-        start = 0
-        for p, t in zip(self.params, tensors, strict=True):
-            view = flat[start:start + p.numel()].view(p.shape)
-            if t is None:
-                view.zero_()
-            else:
-                view.copy_(t)
-            start += p.numel()
-
-    def _unpack_params(self) -> None:
-        start = 0
-        for p in self.params:
-            p.copy_(self._flat_params[start:start + p.numel()].view(p.shape))
-            start += p.numel()
