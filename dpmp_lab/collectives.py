@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 
-def _ring(group: dist.ProcessGroup | None) -> tuple[int, int, int, int]:
+def ring_neighbours(group: dist.ProcessGroup | None) -> tuple[int, int, int, int]:
     """(my index in the group, group size, global rank on my right, global rank on my left)."""
     n = dist.get_world_size(group)
     me = dist.get_rank(group)
@@ -30,16 +30,21 @@ def _ring(group: dist.ProcessGroup | None) -> tuple[int, int, int, int]:
     return me, n, right, left
 
 
-def _exchange(send: torch.Tensor, recv: torch.Tensor, right: int, left: int,
-              group: dist.ProcessGroup | None) -> None:
-    """Send to the right and receive from the left at the same time.
+def start_ring_exchange(send: torch.Tensor, recv: torch.Tensor,
+                        group: dist.ProcessGroup | None = None) -> list[dist.Work]:
+    """Post the send to the right neighbour and the receive from the left one, both at once;
+    wait on what it returns (ring attention computes meanwhile: dpmp_lab.cp).
 
     Posting both before waiting matters: if every rank did a blocking send first, each would
     wait for a neighbour that is itself stuck sending.
     """
-    works = dist.batch_isend_irecv([dist.P2POp(dist.isend, send, right, group),
-                                    dist.P2POp(dist.irecv, recv, left, group)])
-    for work in works:
+    _, _, right, left = ring_neighbours(group)
+    return dist.batch_isend_irecv([dist.P2POp(dist.isend, send, right, group),
+                                   dist.P2POp(dist.irecv, recv, left, group)])
+
+
+def _exchange(send: torch.Tensor, recv: torch.Tensor, group: dist.ProcessGroup | None) -> None:
+    for work in start_ring_exchange(send, recv, group):
         work.wait()
 
 
@@ -48,13 +53,13 @@ def ring_reduce_scatter(x: torch.Tensor, group: dist.ProcessGroup | None = None)
 
     x is flattened and cut into N chunks with torch.tensor_split.
     """
-    me, n, right, left = _ring(group)
+    me, n, _, _ = ring_neighbours(group)
     chunks = [c.clone() for c in torch.tensor_split(x.detach().flatten(), n)]
     for step in range(n - 1):
         # shifted by one so that the chunk finished last is chunk `me`
         send_i, recv_i = (me - step - 1) % n, (me - step - 2) % n
         incoming = torch.empty_like(chunks[recv_i])
-        _exchange(chunks[send_i], incoming, right, left, group)
+        _exchange(chunks[send_i], incoming, group)
         chunks[recv_i] += incoming
     return chunks[me]
 
@@ -62,7 +67,7 @@ def ring_reduce_scatter(x: torch.Tensor, group: dist.ProcessGroup | None = None)
 def ring_all_gather(chunk: torch.Tensor, sizes: list[int],
                     group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """Concatenate every rank's 1-D chunk (rank order); sizes[i] = numel of rank i's chunk."""
-    me, n, right, left = _ring(group)
+    me, n, _, _ = ring_neighbours(group)
     if len(sizes) != n or sizes[me] != chunk.numel():
         raise ValueError(f"sizes {sizes} do not fit {n} ranks with this rank's chunk of "
                          f"{chunk.numel()} elements")
@@ -71,7 +76,7 @@ def ring_all_gather(chunk: torch.Tensor, sizes: list[int],
     for step in range(n - 1):
         send_i, recv_i = (me - step) % n, (me - step - 1) % n
         incoming = chunk.new_empty(sizes[recv_i])
-        _exchange(chunks[send_i], incoming, right, left, group)
+        _exchange(chunks[send_i], incoming, group)
         chunks[recv_i] = incoming
     return torch.cat(chunks)
 
@@ -101,4 +106,5 @@ def all_reduce_by_halves(x: torch.Tensor, group: dist.ProcessGroup | None = None
     return out.view(x.shape)
 
 
-__all__ = ["all_reduce_by_halves", "ring_all_gather", "ring_all_reduce", "ring_reduce_scatter"]
+__all__ = ["all_reduce_by_halves", "ring_all_gather", "ring_all_reduce", "ring_neighbours",
+           "ring_reduce_scatter", "start_ring_exchange"]

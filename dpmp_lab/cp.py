@@ -47,6 +47,7 @@ import torch.distributed as dist
 from dpmp_lab._helpers import whole_number
 from dpmp_lab._torch_helpers import member_group
 from dpmp_lab._torch_helpers import tensor_arg as _check_tensor
+from dpmp_lab.collectives import start_ring_exchange
 
 SEQ_DIM = -2   # q, k, v: (batch, heads, sequence, head_dim)
 
@@ -209,16 +210,6 @@ def _rows(x: torch.Tensor, g: int, i: int) -> slice:
 # -- the ring --------------------------------------------------------------------------------------
 
 
-def _start_exchange(send: torch.Tensor, recv: torch.Tensor,
-                    group: dist.ProcessGroup) -> list[dist.Work]:
-    """Post the send to the right and the receive from the left; the caller waits later."""
-    n, me = dist.get_world_size(group), dist.get_rank(group)
-    right = dist.get_global_rank(group, (me + 1) % n)
-    left = dist.get_global_rank(group, (me - 1) % n)
-    return dist.batch_isend_irecv([dist.P2POp(dist.isend, send, right, group),
-                                   dist.P2POp(dist.irecv, recv, left, group)])
-
-
 def _wait(works: list[dist.Work]) -> list[dist.Work]:
     """Wait for the posted messages; returns [] (a Work waited twice hangs in gloo)."""
     for work in works:
@@ -249,7 +240,7 @@ class _RingAttention(torch.autograd.Function):
             works, nxt = [], None
             if step < n - 1:
                 nxt = torch.empty_like(kv)
-                works = _start_exchange(kv, nxt, group)
+                works = start_ring_exchange(kv, nxt, group)
                 if not overlap:
                     works = _wait(works)
             _block_forward(q, kv, q_ids, chunk_ids(n, src, zigzag), (acc, m, l), causal)
@@ -277,7 +268,7 @@ class _RingAttention(torch.autograd.Function):
             works, nxt = [], None
             if step < n - 1:
                 nxt = torch.empty_like(kv)
-                works = _start_exchange(kv, nxt, group)
+                works = start_ring_exchange(kv, nxt, group)
                 if not ctx.overlap:
                     works = _wait(works)
             _block_backward(q, kv, do, lse, delta, q_ids, chunk_ids(n, src, ctx.zigzag), dq,
@@ -286,7 +277,7 @@ class _RingAttention(torch.autograd.Function):
             kv = nxt if nxt is not None else kv
             # block src's accumulator moves on with the block; after the last step it goes home
             incoming = torch.empty_like(dkv)
-            _wait(_start_exchange(dkv, incoming, group))
+            _wait(start_ring_exchange(dkv, incoming, group))
             dkv = incoming
         return dq, dkv[0], dkv[1], None, None, None, None
 
