@@ -129,10 +129,12 @@ class BackwardOverlap:
     first_call: float | None   # when the first matching call was issued
     async_before_last_grad: int = 0   # ... of those, asynchronous ones: the ones that can travel
     #                                   while backward goes on (a blocking call stops it)
+    in_flight: int = 0         # the most asynchronous calls not yet waited for when backward
+    #                            computed a gradient: what travelled while backward went on
 
     @property
     def overlapped(self) -> bool:
-        return self.async_before_last_grad > 0
+        return self.in_flight > 0
 
 
 class Trace:
@@ -151,6 +153,7 @@ class Trace:
     def __init__(self, gradients_of: torch.nn.Module | None = None) -> None:
         self.events: list[CommEvent] = []
         self.grads_ready: list[GradReady] = []
+        self.waits: list[float] = []   # when the code waited on a Work handle (Work.wait)
         self.rank: int | None = None
         self.problems: list[str] = []   # tracer-internal errors; the user's calls still ran
         self._module = gradients_of
@@ -181,18 +184,24 @@ class Trace:
 
     def overlap(self, op: str | None = None, group: Any = None) -> list[BackwardOverlap]:
         """Per backward pass that computed gradients (needs `gradients_of=`): how many of its
-        matching calls were issued while gradients were still being computed, and how many of
-        those asynchronously (a blocking call issued there holds backward until it is done)."""
+        matching calls were issued while gradients were still being computed, how many of
+        those asynchronously (a blocking call issued there holds backward until it is done),
+        and how many were still in flight, not yet waited for, when backward computed a
+        gradient (an asynchronous call waited for at once holds backward as a blocking one)."""
         out = []
         for pass_id in dict.fromkeys(g.backward_pass for g in self.grads_ready):
-            last = max(g.time for g in self.grads_ready if g.backward_pass == pass_id)
+            grads = sorted(g.time for g in self.grads_ready if g.backward_pass == pass_id)
             calls = [ev for ev in self.select(op, group, "backward")
                      if ev.backward_pass == pass_id]
+            started = sorted(ev.time for ev in calls if ev.async_op)
+            waits = sorted(w for w in self.waits if started and w >= started[0])
+            in_flight = max((sum(c < g for c in started) - sum(w < g for w in waits)
+                             for g in grads), default=0)
             out.append(BackwardOverlap(
-                pass_id, sum(g.backward_pass == pass_id for g in self.grads_ready), last,
-                len(calls), sum(ev.time < last for ev in calls),
+                pass_id, len(grads), grads[-1], len(calls),
+                sum(ev.time < grads[-1] for ev in calls),
                 min((ev.time for ev in calls), default=None),
-                sum(ev.time < last and ev.async_op for ev in calls)))
+                sum(ev.time < grads[-1] and ev.async_op for ev in calls), max(in_flight, 0)))
         return out
 
     # -- questions --------------------------------------------------------------------------
@@ -335,6 +344,7 @@ class _Recorder:
         self.library: Any = None
         self.groups: dict[str, tuple[int, ...]] = {}
         self.module_hooks: list[Any] = []
+        self.wait: Any = None   # torch's Work.wait, while ours records
 
     def start(self, t: Trace) -> None:
         with self.lock:
@@ -361,6 +371,7 @@ class _Recorder:
             self.groups = {}   # group names can be reused after a group is destroyed
             self.library = _install_kernels(self)
             self.module_hooks = _install_module_hooks()
+            self.wait = _install_wait_record(self)
 
     def _uninstall_if_idle(self) -> None:
         if not self.active and not self.watchers and self.library is not None:
@@ -369,6 +380,13 @@ class _Recorder:
             for handle in self.module_hooks:
                 handle.remove()
             self.module_hooks = []
+            torch.distributed.Work.wait = self.wait   # torch's own again
+
+    def on_wait(self) -> None:
+        """A Work handle is being waited on: the time goes to every active trace."""
+        now = time.perf_counter()
+        for t in list(self.active):
+            t.waits.append(now)
 
     def on_call(self, name: str, schema_args: list[str], args: tuple, kwargs: dict) -> None:
         """Every c10d op passes here before it runs: watchers first (they may refuse the call
@@ -443,6 +461,21 @@ class _Recorder:
 
 _recorder = _Recorder()
 _DEFAULTS: dict[str, dict[str, Any]] = {}
+
+
+def _install_wait_record(recorder: _Recorder) -> Any:
+    """Work.wait records when it is called (the one handle a caller has of an asynchronous
+    call: waiting on it at once, in the hook that issued the call, holds backward as a blocking
+    call does); torch's wait, to put back."""
+    original = torch.distributed.Work.wait
+
+    def wait(work: Any, *args: Any, **kwargs: Any) -> Any:
+        recorder.on_wait()
+        return original(work, *args, **kwargs)
+
+    wait.__doc__ = original.__doc__
+    torch.distributed.Work.wait = wait
+    return original
 
 
 def _install_kernels(recorder: _Recorder) -> Any:

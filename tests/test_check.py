@@ -320,6 +320,11 @@ def bucketed_step(kind: str):
     if kind == "blocking_hooks":      # issued at the right time, but backward waits for each
         for p in params:
             p.register_post_accumulate_grad_hook(lambda q: dist.all_reduce(q.grad))
+    def waited_at_once(q):            # asynchronous, and waited for in the same hook
+        dist.all_reduce(q.grad, async_op=True).wait()
+    if kind == "waited_at_once":
+        for p in params:
+            p.register_post_accumulate_grad_hook(waited_at_once)
     with dl.trace(gradients_of=model) as t:
         model(x).sum().backward()
         if kind.startswith("dp"):
@@ -345,6 +350,15 @@ def test_overlap_is_graded_by_when_gradients_were_computed(warm):
     with pytest.raises(dl.check.CheckFailed, match="as blocking calls") as info:
         dl.check.overlaps_backward(traces)
     assert "[hint: overlap.blocking]" in str(info.value)
+    traces = dl.launch(bucketed_step, "waited_at_once", world_size=2, stream=False).values
+    assert all(p.async_before_last_grad > 0 and p.in_flight == 0 for t in traces
+               for p in t.overlap("all_reduce"))
+    assert all(len(t.waits) == 10 for t in traces)   # Work.wait, as the hooks called it
+    with pytest.raises(dl.check.CheckFailed, match="each was waited for before backward "
+                                                   "computed another gradient") as info:
+        dl.check.overlaps_backward(traces)
+    assert "[hint: overlap.blocking]" in str(info.value)
+    assert dist.Work.wait.__module__ != "dpmp_lab.trace"   # torch's own again after the trace
     with pytest.raises(ValueError, match="gradients_of=model"):
         dl.check.overlaps_backward(dl.Trace())
 

@@ -83,9 +83,10 @@ def reduced_in_one_collective(traces: Any, step: str) -> None:
 
 def overlaps_backward(traces: Any, op: str = "all_reduce", group: Any = None, *,
                       hint: str = OVERLAP_HINT) -> None:
-    """Assert that in every backward pass of every rank, some asynchronous `op` call was issued
-    while gradients were still being computed: communication overlapped with backward. (A
-    blocking call issued there overlaps nothing: backward waits for it.)
+    """Assert that in every backward pass of every rank, some asynchronous `op` call was still
+    in flight, not yet waited for, when backward computed a gradient: communication overlapped
+    with backward. (A blocking call issued there overlaps nothing: backward waits for it; nor
+    does an asynchronous one waited for at once.)
 
     The traces must come from `dl.trace(gradients_of=model)`, which records when each
     gradient is computed. A pass counts if it computed gradients and issued `op` calls.
@@ -107,7 +108,15 @@ def overlaps_backward(traces: Any, op: str = "all_reduce", group: Any = None, *,
         for n, p in enumerate(passes, 1):
             if p.overlapped:
                 continue
-            if p.before_last_grad:
+            if p.async_before_last_grad:
+                blocking.add(rank)
+                failures.setdefault(
+                    _("in backward pass {n}, {calls} {op} call(s) were issued asynchronously "
+                      "while gradients were still being computed, but each was waited for "
+                      "before backward computed another gradient: none was still travelling "
+                      "while backward went on.").format(
+                        n=n, calls=p.async_before_last_grad, op=op), []).append(rank)
+            elif p.before_last_grad:
                 blocking.add(rank)
                 failures.setdefault(
                     _("in backward pass {n}, {calls} {op} call(s) were issued while gradients "

@@ -84,10 +84,10 @@ OVERLAP_HINT = N_("the gradient communication starts only once backward has comp
                   "gradient has arrived, so it travels while earlier layers still compute "
                   "theirs")
 
-BLOCKING_HINT = N_("the hooks started each all-reduce at the right moment, then waited for it: "
-                   "a call without async_op returns once its result has arrived, so backward "
-                   "stood still meanwhile; overlap needs a handle at once, and the wait after "
-                   "backward")
+BLOCKING_HINT = N_("the hooks started each all-reduce at the right moment, then waited for it "
+                   "(a call without async_op returns only once its result has arrived, and so "
+                   "does a handle's wait() called at once), so backward stood still meanwhile; "
+                   "overlap needs a handle at once, and the wait after backward")
 
 # a reduction the ranks did by hand around collectives that only move data: one rank adding
 # for all and sending the sum back, or every rank receiving all N copies to add them up

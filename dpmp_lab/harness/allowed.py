@@ -24,7 +24,7 @@ from dpmp_lab.trace import BackwardOverlap, CommEvent, GradReady, Trace
 
 def _trace_fields(t: Trace) -> dict[str, Any]:
     return {"events": t.events, "grads_ready": t.grads_ready, "rank": t.rank,
-            "problems": t.problems}
+            "problems": t.problems, "waits": t.waits}
 
 
 def _trace(values: dict[str, Any]) -> Trace:
@@ -33,10 +33,13 @@ def _trace(values: dict[str, Any]) -> Trace:
     if not (type(events) is list and all(type(e) is CommEvent for e in events)
             and type(ready) is list and all(type(g) is GradReady for g in ready)):
         raise NotData("a Trace's events are not CommEvents")
-    rank, problems = values.pop("rank"), values.pop("problems")
+    rank, problems, waits = values.pop("rank"), values.pop("problems"), values.pop("waits", [])
     if values or not (rank is None or type(rank) is int) or type(problems) is not list:
         raise NotData("not a Trace")
+    if type(waits) is not list or not all(type(w) is float for w in waits):
+        raise NotData("a Trace's waits are not times")
     t.events, t.grads_ready, t.rank, t.problems = events, ready, rank, [str(p) for p in problems]
+    t.waits = waits
     return t
 
 

@@ -317,6 +317,15 @@ VARIANTS = [
                       ("            self.work[b].wait()\n", "")),
      "loses": ["overlapping_dp_tests"],
      "visible": ["overlapping_dp_tests"], "visible_says": ["as blocking calls"]},
+    {"name": "an async all-reduce in the hook, waited for right there (the learner pass's)",
+     "replace": _edit("overlapping_dp",
+                      ("self.work[b] = dist.all_reduce(self.flat[b], op=dist.ReduceOp.SUM, "
+                       "async_op=True)",
+                       "self.work[b] = dist.all_reduce(self.flat[b], op=dist.ReduceOp.SUM, "
+                       "async_op=True)\n            self.work[b].wait()")),
+     "loses": ["overlapping_dp_tests"],
+     "visible": ["overlapping_dp_tests"],
+     "visible_says": ["each was waited for before backward computed another gradient"]},
     {"name": "each bucket launched as soon as it is complete, ahead of the plan's order",
      "replace": _edit("overlapping_dp",
                       ("        while self.next < len(self.buckets) and self.pending[self.next] == 0:\n"

@@ -140,6 +140,9 @@ COUNTS_ARE_BYTES = {"predict": "predict_rows = {4: (16, 16), 16: (64, 16)}"}
 SUM_NOT_AVERAGE = _edit("dp_pp", ("        flat /= grid.dp\n", ""))
 
 DIVIDED_BY_A_HARD_CODED_2 = _edit("dp_pp", ("        flat /= grid.dp\n", "        flat /= 2\n"))
+# the learner pass's: the replicas counted as the world over two stages
+DIVIDED_BY_WORLD_OVER_2 = _edit("dp_pp", ("        flat /= grid.dp\n",
+                                          "        flat /= dist.get_world_size() // 2\n"))
 
 SYNC_EVERY_MICROBATCH = {"dp_pp": '''
 def dp_pp_step(grid, module, x, y, m):
@@ -475,6 +478,8 @@ VARIANTS = [
     {"name": "DP x PP: the replicas' sum divided by 2, right on dp = 2 only",
      "replace": DIVIDED_BY_A_HARD_CODED_2, "loses": ["dp_pp_tests"],
      "visible": ["dp_pp_tests"], "visible_says": ["pp.dp_fixed_divisor"]},
+    {"name": "DP x PP: the replicas' sum divided by world size // 2, right on two stages only",
+     "replace": DIVIDED_BY_WORLD_OVER_2, "loses": ["dp_pp_tests"]},
     {"name": "DP x PP: right numbers, synced after every micro-batch",
      "replace": SYNC_EVERY_MICROBATCH, "loses": ["dp_pp_comm_tests"],
      "visible": ["dp_pp_comm_tests"]},
