@@ -236,6 +236,20 @@ class Schedule:
             peak = max(peak, held)
         return peak
 
+    def held_before_each_forward(self, stage: int) -> list[int]:
+        """For each forward of `stage`, in order: the micro-batches (chunks apart) whose
+        activations it holds as that forward begins, which a runner's memory may hold then
+        besides what the forward makes."""
+        if not 0 <= stage < self.n_stages:
+            raise ValueError(f"stage {stage} is not in this {self.n_stages}-stage schedule")
+        frees = "W" if self.splits_backward[stage] else "B"
+        held, out = 0, []
+        for a in self.actions[stage]:
+            if a.kind == "F":
+                out.append(held)
+            held += 1 if a.kind == "F" else -1 if a.kind == frees else 0
+        return out
+
     def describe(self) -> str:
         """One line: sizes, costs, the bubble (with its formula) and activations held."""
         p, m, v = self.n_stages, self.n_microbatches, self.n_chunks

@@ -130,6 +130,12 @@ def peak_in_flight(row):
     """The library's count, on a one-stage schedule made of this row."""
     return dl.pp.Schedule("row", [row]).peak_in_flight(0)
 '''}
+# the count the runner's memory check reads, one more than held before a forward at its most
+HELD_FROM_THE_LIBRARY = {"peak": '''
+def peak_in_flight(row):
+    """One more than the library's most held as a forward begins."""
+    return max(dl.pp.Schedule("row", [row]).held_before_each_forward(0), default=-1) + 1
+'''}
 
 # -- predict, then run: rows of activations held ---------------------------------------------
 
@@ -465,6 +471,9 @@ VARIANTS = [
      "visible": ["peak_tests"], "visible_says": ["wherever in the row"]},
     {"name": "peak activations: the library's Schedule.peak_in_flight (switched off)",
      "replace": COUNT_FROM_THE_LIBRARY, "loses": ["peak_tests"],
+     "visible": ["peak_tests"], "visible_says": ["is switched off"]},
+    {"name": "peak activations: from the library's count of what is held before each forward",
+     "replace": HELD_FROM_THE_LIBRARY, "loses": ["peak_tests"],
      "visible": ["peak_tests"], "visible_says": ["is switched off"]},
     {"name": "prediction: rows held taken to grow like the count of micro-batches",
      "replace": COUNTS_ARE_BYTES, "loses": ["predict_tests"]},
