@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -203,6 +204,14 @@ def custom_backward_sends_a_cpu_buffer():
     _SendsInBackward.apply(x).sum().backward()
 
 
+def deprecated_collective_into_a_cpu_buffer():
+    mine = torch.ones(2, device=dl.device())
+    out = torch.empty(2 * dist.get_world_size())
+    with warnings.catch_warnings():   # all_gather_into_tensor is deprecated in torch 2.13
+        warnings.simplefilter("ignore")
+        dist.all_gather_into_tensor(out, mine)
+
+
 def numpy_of_a_device_tensor():
     return torch.ones(2, device=dl.device()).numpy()
 
@@ -221,6 +230,9 @@ PLANTED = [
     (gradient_assigned_from_the_cpu, (), ["gradient on the CPU", "`p.grad = torch.zeros(2)`"]),
     (recv_into_a_cpu_buffer, (), ["dist.recv", "`buf = torch.empty(2)`"]),
     (numpy_of_a_device_tensor, (), ["numpy() of a tensor on this rank's device", ".cpu()"]),
+    # a name torch deprecated is a wrapper of typing_extensions': the learner's line is named
+    (deprecated_collective_into_a_cpu_buffer, (), ["`out = torch.empty(2 * dist.get_world_size())`",
+                                                   "`dist.all_gather_into_tensor(out, mine)`"]),
     (gradient_hook_sends_a_cpu_buffer, (), ["an all_reduce", "`bucket = torch.zeros(p.numel())`"]),
     (custom_backward_sends_a_cpu_buffer, (), ["an all_reduce",
                                               "`total = torch.zeros(grad.shape)`"]),

@@ -442,10 +442,14 @@ def _inputs(args: tuple, kwargs: dict) -> list[torch.Tensor]:
 def _caller_file() -> str:
     """The file of the code that called the torch function being handled."""
     frame = sys._getframe(1)
-    while frame is not None and (frame.f_code.co_filename == __file__
-                                 or frame.f_code.co_filename.endswith("overrides.py")):
+    while frame is not None and frame.f_code.co_filename in (__file__, torch.overrides.__file__):
         frame = frame.f_back
     return frame.f_code.co_filename if frame is not None else ""
+
+
+# modules whose frames only pass a call on: a context manager's, and the wrapper of a function
+# torch deprecated (typing_extensions.deprecated: reduce_scatter_tensor in torch 2.13)
+_PASSING_ON = ("contextlib", "typing_extensions", "warnings")
 
 
 def _user_frame():
@@ -455,7 +459,7 @@ def _user_frame():
         path = frame.f_code.co_filename
         module = frame.f_globals.get("__name__", "")
         ours = module == "dpmp_lab" or module.startswith("dpmp_lab.")   # by package, any folder
-        if not (path.startswith(_TORCH_DIR) or ours or os.sep + "contextlib.py" in path):
+        if not (path.startswith(_TORCH_DIR) or ours or module in _PASSING_ON):
             return frame
         frame = frame.f_back
     return None
