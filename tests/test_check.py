@@ -152,6 +152,17 @@ def test_close_fails_with_a_reason(actual, expected, words):
     assert str(info.value).startswith("rank 2: 'grad w'") and words in str(info.value)
 
 
+def test_values_no_computation_makes_are_named_as_memory_never_written():
+    expected = torch.tensor([0.5, -1.0, 2.0])
+    for got in (torch.tensor([0.5, 1.9e214, 2.0]), torch.tensor([float("nan"), -1.0, 2.0])):
+        with pytest.raises(CheckFailed, match=r"before its handle's wait\(\)(.|\n)*"
+                                              r"\[hint: value.unfilled\]"):
+            dl.check.close(got, expected)
+    with pytest.raises(CheckFailed) as info:   # merely wrong numbers: not this hint
+        dl.check.close(torch.tensor([0.5, -1.5, 2.0]), expected)
+    assert "value.unfilled" not in str(info.value)
+
+
 def test_close_passes_within_tolerance_and_uses_fp32_defaults():
     dl.check.close(torch.ones(3) * (1 + 1e-6), torch.ones(3))
     with pytest.raises(CheckFailed, match=r"allowed \|got - expected\| <= 1e-06 \+ 1e-05"):

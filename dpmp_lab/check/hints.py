@@ -48,7 +48,8 @@ from dpmp_lab.trace import CommEvent, matcher
 __all__ = ["BLOCKING_HINT", "COMM_HINTS", "CommHint", "CommTable", "HINT_TAG", "OVERLAP_HINT",
            "GATHERED_SUM", "ONE_RANK_REDUCES", "P2P", "P2P_ADVICE",
            "REDUCED_BY_HAND", "REPLICA_HINT", "Row", "SCALE_HINTS", "Scale", "ScaleHint",
-           "exercise_key", "keyed_likely_mistakes", "keyed_scale_hint", "likely", "tag", "where"]
+           "UNFILLED_HINT", "exercise_key", "keyed_likely_mistakes", "keyed_scale_hint",
+           "keyed_unfilled_hint", "likely", "tag", "where"]
 
 # -- the keys a failure carries ----------------------------------------------------------------
 
@@ -186,6 +187,26 @@ def keyed_scale_hint(actual: torch.Tensor, expected: torch.Tensor, rtol: float, 
         return hint.key, _(hint.says).format(n=scale.whole, world=scale.world,
                                              factor=scale.factor)
     return hint.key, hint.says(scale)
+
+
+UNFILLED_HINT = N_("some elements are far beyond anything the computation makes ({value:.3g}): "
+                   "memory read before anything was written to it, such as the result of an "
+                   "asynchronous collective used before its handle's wait(), or a buffer from "
+                   "torch.empty that was never filled")
+
+
+def keyed_unfilled_hint(actual: torch.Tensor, expected: torch.Tensor) -> tuple[str, str]:
+    """(key, message) when `actual` holds what only memory nobody wrote holds: values not a
+    number, infinite, or 1e10 times the largest expected one, where the expected ones are
+    finite; else ('', '')."""
+    if not bool(torch.isfinite(expected).all()) or actual.numel() == 0:
+        return "", ""
+    bound = 1e10 * max(expected.abs().max().item(), 1e-30)
+    odd = ~torch.isfinite(actual) | (actual.abs() > bound)
+    if not bool(odd.any()):
+        return "", ""
+    value = actual[odd][0].item()
+    return "value.unfilled", _(UNFILLED_HINT).format(value=value)
 
 
 # -- a rank's communication, expected against seen ---------------------------------------------

@@ -19,7 +19,13 @@ import torch
 from dpmp_lab._helpers import ranks_text
 from dpmp_lab.check import communication
 from dpmp_lab.check.failed import CheckFailed
-from dpmp_lab.check.hints import REPLICA_HINT, keyed_scale_hint, likely, tag
+from dpmp_lab.check.hints import (
+    REPLICA_HINT,
+    keyed_scale_hint,
+    keyed_unfilled_hint,
+    likely,
+    tag,
+)
 from dpmp_lab.i18n.messages import _
 from dpmp_lab.launcher.launch import launch
 from dpmp_lab.models import default_dtype
@@ -230,6 +236,8 @@ def _difference(actual: Any, expected: Any, rtol: float, atol: float,
             + ALLOWED + _("allowed |got - expected| <= {atol:g} + {rtol:g} * |expected|").format(
                 atol=atol, rtol=rtol))
     key, hint = keyed_scale_hint(a64, e64, rtol, atol, world)
+    if not hint:
+        key, hint = keyed_unfilled_hint(a64, e64)
     return text + ((".\n  " + likely(hint) + f" {tag([key])}")
                    if hint else "")
 
