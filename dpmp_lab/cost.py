@@ -286,11 +286,12 @@ def pp_messages(p: int, m: int, v: int = 1) -> int:
     forward and m activation gradients back, each of pp_activation_bytes. Interleaving v chunks
     per rank multiplies the boundaries, so the messages and bytes, by about v (Narayanan et al.
     2021, Section 2.2.2: the price of the smaller bubble); GPipe, 1F1B and the
-    zero-bubble schedules send the same 2 m (p - 1) (W sends nothing).
+    zero-bubble schedules send the same 2 m (p - 1) (W sends nothing). On one rank (p = 1)
+    every boundary lies on that rank: no message.
     """
     for name, size in (("p", p), ("m", m), ("v", v)):
         whole_number(name, size)
-    return 2 * m * (v * p - 1)
+    return 0 if p == 1 else 2 * m * (v * p - 1)
 
 
 __all__ = ["Memory", "fsdp_peak_param_bytes", "all_gather_bytes", "dp_gradient_bytes", "memory", "pp_activation_bytes",

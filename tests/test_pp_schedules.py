@@ -321,9 +321,21 @@ def test_make_schedule_knows_the_new_names():
         pp.make_schedule("1f1b", 2, 4, weight_cost=2)
 
 
+def test_chunks_on_a_pipeline_of_one_rank_are_refused_with_the_way_out():
+    def run():
+        stages = [dl.pp.Stage(torch.nn.Linear(4, 4), activation_shape=(1, 4), chunk=c,
+                              n_chunks=2) for c in range(2)]
+        x = torch.randn(4, 4)
+        dl.pp.run_schedule("interleaved", stages, x, x, n_microbatches=4,
+                           loss_fn=torch.nn.functional.mse_loss)
+    with pytest.raises(dl.LaunchError, match="2 chunks on a pipeline of one rank"):
+        dl.launch(run, world_size=1, stream=False)
+
+
 def test_message_counts():
     assert cost.pp_messages(4, 8) == 2 * 8 * 3
     assert cost.pp_messages(4, 8, 2) == 2 * 8 * 7      # 7 boundaries: about v times more
+    assert cost.pp_messages(1, 8, 2) == 0   # one rank: every boundary is on it, nothing sent
     with pytest.raises(ValueError, match="v=0"):
         cost.pp_messages(4, 8, 0)
     with pytest.raises(ValueError, match="only the interleaved schedule runs virtual stages"):

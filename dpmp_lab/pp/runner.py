@@ -273,6 +273,11 @@ def run_schedule(schedule: Schedule | str, stage: Stage | Sequence[Stage],
     if schedule.n_chunks != len(stages):
         raise ValueError(f"the schedule runs {schedule.n_chunks} chunks per rank, but this rank "
                          f"passed {len(stages)} stage(s): one Stage per chunk")
+    if schedule.n_stages == 1 and schedule.n_chunks > 1:
+        raise ValueError(f"{schedule.n_chunks} chunks on a pipeline of one rank: every chunk "
+                         "follows the one before on the same rank, so there is nothing to send "
+                         "between them; run the chunks as one module (one Stage), or use p >= 2 "
+                         "ranks")
     # checked wherever given (not only where used), so that ranks passing the same batch all
     # refuse it together instead of leaving their neighbours waiting
     xs = _microbatches(inputs, m, "inputs") if inputs is not None else None
