@@ -128,7 +128,8 @@ def grade(args: argparse.Namespace) -> int:
                                       timeout=args.timeout,
                                       cell_timeout=args.cell_timeout, force=args.force,
                                       students=args.student or None,
-                                      sandboxed=not args.no_sandbox, limits=limits)
+                                      sandboxed=not args.no_sandbox, limits=limits,
+                                      device_audit=args.device_audit)
     except grading.SandboxUnavailable as exc:
         print(f"dpmp-lab grade: {exc}", file=sys.stderr)
         return 2
@@ -267,6 +268,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-sandbox", action="store_true",
                    help="run submissions WITHOUT the sandbox (Linux's bubblewrap): their code "
                         "can then read and change everything you can; for trusted code only")
+    p.add_argument("--device-audit", action=argparse.BooleanOptionalAction, default=None,
+                   help="every launch under the device audit, as if each rank had a GPU, so "
+                        "that data on the wrong device costs its cells as on a GPU server "
+                        "(default: on where nvidia-smi lists no GPU)")
     defaults = Limits()
     for flag, field, unit in (("--memory", "memory_mb", "MiB"),
                               ("--processes", "processes", "processes at once"),

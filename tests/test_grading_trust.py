@@ -63,6 +63,15 @@ def test_honest_learners_are_graded_as_if_alone(graded_class):
     for learner, outcome in graded_class["outcomes"].items():
         if not learner.startswith("mal_"):
             assert not outcome.flagged, (learner, outcome.flagged)
+    # no GPU here: every launch of the class's jobs ran under the device audit, as on a GPU
+    # server the solution passes it (tests/test_course.py grades device mistakes under it)
+    assert any("under the device audit" in line for line in graded_class["lines"])
+
+
+def test_the_grader_turns_the_audit_on_by_the_launchers_own_variable():
+    from dpmp_lab.launcher import launch
+
+    assert grading_job.AUDIT_ENV == launch.AUDIT_ENV
 
 
 def test_nothing_outside_a_job_is_read_or_changed(graded_class):

@@ -65,6 +65,7 @@ from dpmp_lab.instructor.grading_job import (
 from dpmp_lab.instructor.limits import MIB, Cgroups, Limits, held_text
 from dpmp_lab.instructor.submitted import SECRET, TIMESTAMP, NotData
 from dpmp_lab.launcher.cores import usable_cores
+from dpmp_lab.launcher.nvidia import nvidia_smi
 
 STATE = ".dpmp_grading"        # {assignment}.json: what was graded, from which files
 UNSANDBOXED = ("WARNING: grading WITHOUT the sandbox (--no-sandbox): every submission's code "
@@ -315,11 +316,15 @@ class SandboxUnavailable(RuntimeError):
 def grade_class(name: str, *, root: Path | None = None, jobs: int | None = None,
                 timeout: float = 1800.0, cell_timeout: int | None = None, force: bool = False,
                 students: Iterable[str] | None = None, sandboxed: bool = True,
-                limits: Limits | None = None,
+                limits: Limits | None = None, device_audit: bool | None = None,
                 say: Callable[[str], None] = print) -> Summary:
     """Autograde every submission of `name` (or of `students`) in `jobs` parallel jobs, each
     in its own sandbox (unless `sandboxed` is False) within `timeout` seconds and `limits`;
-    record the results in the course's gradebook as they arrive."""
+    record the results in the course's gradebook as they arrive.
+
+    device_audit: every launch under the device audit (dl.launch's device_audit), so that code
+    that puts a rank's data on the wrong device loses its cells on a machine without GPUs as
+    it would on a GPU server; default: where nvidia-smi lists no GPU."""
     root = Path(root).resolve() if root else repo_root()
     if sandboxed and (why := sandbox.problem()):
         raise SandboxUnavailable(
@@ -361,8 +366,12 @@ def grade_class(name: str, *, root: Path | None = None, jobs: int | None = None,
     probe = Cgroups.create(limits)   # which limits this machine's cgroups can hold
     probe.kill_all()
     held = held_text(limits, probe)
+    audit = nvidia_smi()[0] == 0 if device_audit is None else device_audit
     if sandboxed:
         say(f"each submission in a sandbox of its own; limits: {limits.describe()} ({held})")
+    if audit:
+        say("every launch under the device audit, as if each rank had a GPU: data on the wrong "
+            "device costs its cells here as on a GPU server (--no-device-audit: off)")
     else:
         say(UNSANDBOXED)
     exposed = exposed_to_others(root)
@@ -376,7 +385,7 @@ def grade_class(name: str, *, root: Path | None = None, jobs: int | None = None,
     base = Path(tempfile.mkdtemp(prefix=f"dpmp-grade-{name}-"))
     try:
         settings = Settings(root, _snapshot(root, base), base, timeout, cell_timeout,
-                            sandboxed, limits, run_id)
+                            sandboxed, limits, run_id, audit)
         live = LiveJobs()
         with ThreadPoolExecutor(max_workers=jobs) as pool, \
                 open_gradebook(gradebook_url(root)) as gb:

@@ -121,6 +121,11 @@ class LiveJobs:
         return bool(jobs)
 
 
+# launcher.launch.AUDIT_ENV (that module loads torch, which a job's own process never does;
+# tests/test_grading_trust.py holds the two equal)
+AUDIT_ENV = "DPMP_LAB_DEVICE_AUDIT"
+
+
 @dataclass(frozen=True)
 class Settings:
     """What every job of one grading run shares."""
@@ -133,6 +138,7 @@ class Settings:
     sandbox: bool = True
     limits: Limits = field(default_factory=Limits)
     run_id: str = ""          # in every job process's environment: DPMP_LAB_GRADING_RUN
+    device_audit: bool = False  # every launch of a job under the device audit (AUDIT_ENV)
 
 
 def _last_error(log: str) -> str:
@@ -153,6 +159,8 @@ def _run(steps: list[Step], scratch: Path, deadline: float, settings: Settings,
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_HOME), env.get("PYTHONPATH"))
                                         if p)
     env["DPMP_LAB_GRADING_RUN"] = settings.run_id
+    if settings.device_audit:
+        env[AUDIT_ENV] = "1"
     log = scratch / "nbgrader.log"
     argv = enter_command(command(steps), settings.limits, cgroups)
     stopped, disk_at = "", 0.0
@@ -348,5 +356,5 @@ def _read_scores(scratch: Path, name: str, student: str, outcome: Graded) -> Non
         pass   # nbgrader failed before recording the submission: zeros are recorded for it
 
 
-__all__ = ["Graded", "Running", "Settings", "fingerprint", "grade_one", "kill_tree",
+__all__ = ["AUDIT_ENV", "Graded", "Running", "Settings", "fingerprint", "grade_one", "kill_tree",
            "open_gradebook"]
