@@ -32,6 +32,10 @@ CKPT_RNG_ON_THE_CLASS = _edit("checkpoint", (
     "        ctx.rng = torch.get_rng_state()\n",
     "        CheckpointFunction.rng = torch.get_rng_state()\n"), (
     "torch.set_rng_state(ctx.rng)", "torch.set_rng_state(CheckpointFunction.rng)"))
+# the fourth pass's: per block rather than per call, right until one block is applied twice
+CKPT_RNG_ON_THE_BLOCK = _edit("checkpoint", (
+    "        ctx.rng = torch.get_rng_state()\n", "        block.saved_rng = torch.get_rng_state()\n"), (
+    "torch.set_rng_state(ctx.rng)", "torch.set_rng_state(ctx.block.saved_rng)"))
 FSDP_WHOLE_GRADIENTS_CACHED = _edit("sharded_linear", (
     "class ShardedLinearFunction(", "_GRAD_BUFFERS = {}\n\n\nclass ShardedLinearFunction("), (
     "        flat = pack_weight_bias(grad_w, grad_b, full)\n",
@@ -507,6 +511,8 @@ VARIANTS = [
     _seen({"name": "the RNG state kept on the Function's class: two blocks in a row share it",
            "replace": CKPT_RNG_ON_THE_CLASS, "loses": _CKPT,
            "visible_says": ["sharding.checkpoint_per_call"]}),
+    {"name": "the RNG state kept on the block: one block checkpointed twice shares it",
+     "replace": CKPT_RNG_ON_THE_BLOCK, "loses": _CKPT},
     _seen({"name": "the recomputation runs on the saved input itself, not a detached copy",
            "replace": _edit("checkpoint", ("        x = x.detach().requires_grad_(True)\n", "")),
            "loses": _CKPT, "visible_says": ["sharding.checkpoint_detach"]}),
