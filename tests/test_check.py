@@ -331,6 +331,7 @@ def bucketed_step(kind: str):
     if kind == "blocking_hooks":      # issued at the right time, but backward waits for each
         for p in params:
             p.register_post_accumulate_grad_hook(lambda q: dist.all_reduce(q.grad))
+
     def waited_at_once(q):            # asynchronous, and waited for in the same hook
         dist.all_reduce(q.grad, async_op=True).wait()
     if kind == "waited_at_once":
