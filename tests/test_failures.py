@@ -164,7 +164,7 @@ def test_process_group_timeouts_everywhere_are_a_hang_and_the_p2p_kind_is_named(
     assert isinstance(err, LaunchTimeout) and list(err.failures) == [0, 1]
     assert err.failures[1].reason == Reason.TIMEOUT
     assert err.failures[1].message.startswith(
-        "waited 2 s in a send whose matching recv never came")
+        "waited 2 s in a send whose partner's matching recv never came")
     assert err.failures[0].message.startswith("waited 2 s in a collective that not every rank")
     assert err.hint == P2P_HANG_HINT
     assert failures[1].reason == Reason.EXCEPTION   # what was collected is left as it was

@@ -681,8 +681,8 @@ def test_point_to_point_deadlock_is_named_as_one_not_as_a_collective():
     with pytest.raises(dl.LaunchTimeout) as info:
         dl.launch(both_send_first, world_size=2, timeout=30, pg_timeout=2, stream=False)
     for f in info.value.failures.values():
-        assert f.message.startswith("waited 2 s in a send whose matching recv never came"), \
-            f.message
+        assert f.message.startswith(
+            "waited 2 s in a send whose partner's matching recv never came"), f.message
     assert "collective" not in info.value.hint and "isend/irecv" in info.value.hint
     # the same reading of a stack that faulthandler dumped on a launch timeout
     from dpmp_lab.launcher.failures import p2p_wait as _p2p_wait

@@ -369,11 +369,11 @@ def grade_class(name: str, *, root: Path | None = None, jobs: int | None = None,
     audit = nvidia_smi()[0] == 0 if device_audit is None else device_audit
     if sandboxed:
         say(f"each submission in a sandbox of its own; limits: {limits.describe()} ({held})")
+    else:
+        say(UNSANDBOXED)
     if audit:
         say("every launch under the device audit, as if each rank had a GPU: data on the wrong "
             "device costs its cells here as on a GPU server (--no-device-audit: off)")
-    else:
-        say(UNSANDBOXED)
     exposed = exposed_to_others(root)
     if exposed:
         say(f"note: other users of this machine can read {', '.join(exposed)}: an instructor "

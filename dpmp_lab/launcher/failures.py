@@ -333,8 +333,7 @@ def launch_error(failures: dict[int, RankFailure], *, output: list[str], finishe
 def _waited(failure: RankFailure, pg_timeout: float) -> RankFailure:
     p2p = p2p_wait(failure.traceback)
     if p2p:
-        # never posted, posted to another peer or tag, or an isend whose handle was dropped
-        message = (f"waited {pg_timeout:g} s in a {p2p} whose matching "
+        message = (f"waited {pg_timeout:g} s in a {p2p} whose partner's matching "
                    f"{'recv' if p2p == 'send' else 'send'} never came (process-group timeout)")
     elif waits_on_handle(failure.traceback):
         message = (f"waited {pg_timeout:g} s on a request handle that never completed "
