@@ -14,10 +14,10 @@ c.Execute.timeout = 600
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
 c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
 
-# Trusted grading (dpmp_lab/nbgrader_plugin.py): each submission's cells run in a kernel in a
+# Trusted grading (dpmp_lab/instructor/nbgrader_plugin.py): each submission's cells run in a kernel in a
 # sandbox (bubblewrap), the graded test cells in a harness of their own that no code of the
 # submission reaches, the learner's cells are scanned for writes into the library, and feedback
 # carries no hidden test.
-from dpmp_lab.nbgrader_plugin import configure  # noqa: E402
+from dpmp_lab.instructor.nbgrader_plugin import configure  # noqa: E402
 
 configure(c)
