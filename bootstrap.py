@@ -317,15 +317,16 @@ def main(argv: list[str]) -> int:
 
 
 def workers(rest: list[str]) -> list[str]:
-    """Three pytest-xdist workers unless the arguments choose, on the 2-core machines the suite
-    is timed on: the course's and the class's grading fixtures keep both cores busy for minutes,
-    and the third worker runs the files that mostly wait (the hub, the browser: they start first,
-    tests/conftest.py's FIRST) beside them instead of after them, when a core sat idle (measured:
-    93 idle core-seconds a run with two workers, 25 with three; 877 -> 863 s of pytest). Each
-    file runs whole on one worker (tests/conftest.py's scheduler)."""
+    """Two pytest-xdist workers unless the arguments choose, on the 2-core machines the suite is
+    timed on: the course's and the class's grading fixtures keep both cores busy for minutes,
+    and the files that mostly wait (the hub, the browser) start right after them
+    (tests/conftest.py's FIRST). A third worker, running those beside the fixtures, left fewer
+    cores idle but gave 892 s and then 930 s for two workers' 901 and 906 s, and a test that
+    times a hang failed under its load. Each file runs whole on one worker (tests/conftest.py's
+    scheduler)."""
     chosen = any(a in ("-n", "--numprocesses", "no:xdist")
                  or a.startswith(("-n", "--numprocesses=")) for a in rest)
-    return [] if chosen else ["-n", "3"]
+    return [] if chosen else ["-n", "2"]
 
 
 if __name__ == "__main__":

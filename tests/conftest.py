@@ -117,9 +117,9 @@ SHARED_WORKER = {"tests/test_grading_trust.py": "tests/test_class_grading.py"}
 # fills the time around them: started in the middle of the run (xdist orders the files largest
 # first, and the class's come after test_launch's and test_scan's), one could end the run alone
 # on one worker while the other sat idle. After them, the files of few tests that each take
-# long and mostly wait (a hub, a browser, torchrun): the third worker (bootstrap.py) runs them
-# beside the two fixtures; counted by their tests they would come last, and one of them ran for
-# the last minute and a half of the run on one worker (measured: one core idle).
+# long and mostly wait (a hub, a browser, torchrun): counted by their tests they would come
+# last, and one of them ran for the last minute and a half of the run on one worker (measured:
+# one core idle).
 FIRST = ("tests/test_course.py", "tests/test_class_grading.py", "tests/test_hub_class.py",
          "tests/test_browser.py", "tests/test_inert_pages.py", "tests/test_hybrid.py")
 
@@ -133,7 +133,7 @@ def first_scopes_to_front(workqueue: OrderedDict) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """With pytest-xdist (the test command runs 3 workers) each test file runs whole on one
+    """With pytest-xdist (the test command runs 2 workers) each test file runs whole on one
     worker, so that a module's fixtures (a JupyterLab, a graded course) are built once, and
     the files of one session fixture (the graded class) run on the same worker; FIRST's
     files start first."""
