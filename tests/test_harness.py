@@ -273,6 +273,24 @@ def test_a_launch_of_the_learners_function_keeps_its_keywords_apart_from_the_opt
     assert res.values == [(0, 7, "mine"), (3, 7, "mine")]
 
 
+def test_a_routed_launch_carries_the_harness_s_device_audit(monkeypatch):
+    """The grader turns the audit on through the environment of both kernels; the learner's
+    kernel could change its own, so the harness decides and says so in the launch's options."""
+    from dpmp_lab.harness import remote
+
+    namespace, link = _learner()
+    keywords = _names(link, namespace, ["keywords"])["keywords"]
+    asked = []
+    monkeypatch.setattr(link, "call", lambda fn, args, kwargs: asked.append(kwargs) or "sent")
+    route = remote.launch_route(link)
+    for value, audit in (("1", True), ("0", False)):
+        monkeypatch.setenv("DPMP_LAB_DEVICE_AUDIT", value)
+        assert route(keywords, (1,), {}, {"device_audit": None}) == "sent"
+        assert asked[-1]["device_audit"] is audit
+    assert route(keywords, (1,), {}, {"device_audit": False}) == "sent"   # a launch's own word
+    assert asked[-1]["device_audit"] is False
+
+
 def test_a_learners_object_never_crosses_by_pickling():
     namespace, link = _learner()
     update = _names(link, namespace, ["update"])["update"]
