@@ -227,14 +227,8 @@ class Schedule:
     def peak_in_flight(self, stage: int) -> int:
         """The most micro-batches whose activations `stage` holds at once, counting each chunk's
         micro-batches apart: held from F until the B, or until the W on a rank that runs W."""
-        if not 0 <= stage < self.n_stages:
-            raise ValueError(f"stage {stage} is not in this {self.n_stages}-stage schedule")
-        frees = "W" if self.splits_backward[stage] else "B"
-        held = peak = 0
-        for a in self.actions[stage]:
-            held += 1 if a.kind == "F" else -1 if a.kind == frees else 0
-            peak = max(peak, held)
-        return peak
+        # what a stage holds grows only at a forward: its peak is right after one
+        return max((held + 1 for held in self.held_before_each_forward(stage)), default=0)
 
     def held_before_each_forward(self, stage: int) -> list[int]:
         """For each forward of `stage`, in order: the micro-batches (chunks apart) whose
