@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -373,6 +375,52 @@ def test_overlap_is_graded_by_when_gradients_were_computed(warm):
     assert dist.Work.wait.__module__ != "dpmp_lab.trace"   # torch's own again after the trace
     with pytest.raises(ValueError, match="gradients_of=model"):
         dl.check.overlaps_backward(dl.Trace())
+
+
+def accumulation_traces():
+    """Two steps of 3 micro-batches each way a learner accumulates, traced per way."""
+    dev = dl.device()
+    model = dl.dp.DataParallel(dl.models.TinyMLP(n_hidden=2).to(dev), bucket_mb=0.002)
+    xs = torch.randn(6, 16, generator=torch.Generator().manual_seed(dist.get_rank())).to(dev)
+    out = {}
+    for kind in ("right", "one_backward", "every_backward", "never_sent", "first_sends"):
+        with dl.trace(gradients_of=model.module) as t:
+            for _step in range(2):
+                model.zero_grad()
+                if kind == "one_backward":
+                    with model.no_sync():
+                        loss = sum(model(x).sum() for x in xs.chunk(2))
+                    model(xs[-1:]).sum().add(loss).backward()
+                    model.finish_gradient_sync()
+                    continue
+                for k, x in enumerate(xs.chunk(3)):
+                    sends = {"right": k == 2, "every_backward": True, "never_sent": False,
+                             "first_sends": k == 0}[kind]
+                    with contextlib.nullcontext() if sends else model.no_sync():
+                        model(x).sum().backward()
+                    if kind == "every_backward":
+                        model.finish_gradient_sync()
+                model.finish_gradient_sync()
+        out[kind] = t
+    return out, model.num_buckets
+
+
+def test_accumulation_sends_names_what_the_backwards_sent(warm):
+    res = dl.launch(accumulation_traces, world_size=2, stream=False).values
+    n_buckets = res[0][1]
+    assert n_buckets > 1
+    traces = {kind: [r[0][kind] for r in res] for kind in res[0][0]}
+    dl.check.accumulation_sends(traces["right"], 2, 3, n_buckets)
+    for kind, words in (("one_backward", "a step ran 1 backward, not 3"),
+                        ("every_backward", f"every micro-batch's backward sent all {n_buckets}"),
+                        ("never_sent", "nothing was sent in any backward"),
+                        ("first_sends", "went out in a backward before a step's last one")):
+        with pytest.raises(dl.check.CheckFailed, match=words) as info:
+            dl.check.accumulation_sends(traces[kind], 2, 3, n_buckets)
+        assert "On rank 0, the all_reduce calls of each backward (2 steps of 3" in str(info.value)
+        assert "expected" not in str(info.value)   # the failure states no pattern to copy
+    with pytest.raises(dl.check.CheckFailed, match="dp.accumulation_sends"):
+        dl.check.accumulation_sends(traces["right"], 2, 3, n_buckets + 1)
 
 
 # -- references switched off while the learner's own code is graded ---------------------------

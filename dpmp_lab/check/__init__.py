@@ -11,7 +11,8 @@ not our internals.
 
     numbers        compare, close, same_on_all_ranks, against_reference; grads, params
     communication  comm, overlaps_backward: exact counts per op, group and phase, and bytes;
-                   reduced_in_one_collective: no reduction done by hand around collectives
+                   reduced_in_one_collective: no reduction done by hand around collectives;
+                   accumulation_sends: the backwards of gradient accumulation that sent
     references     references_off, with_references_off: the library's versions switched off;
                    stand_ins: the library's versions standing in for earlier answers
     sides          on_learners_side: a test's part that must run beside the learner's code
@@ -20,7 +21,12 @@ not our internals.
     failed         CheckFailed
 """
 
-from dpmp_lab.check.communication import comm, overlaps_backward, reduced_in_one_collective
+from dpmp_lab.check.communication import (
+    accumulation_sends,
+    comm,
+    overlaps_backward,
+    reduced_in_one_collective,
+)
 from dpmp_lab.check.failed import CheckFailed
 from dpmp_lab.check.numbers import (
     FP32,
@@ -42,7 +48,7 @@ from dpmp_lab.check.rows import row_parts
 from dpmp_lab.check.sides import on_learners_side
 from dpmp_lab.trace import OPS
 
-__all__ = ["FP32", "FP64", "OPS", "CheckFailed", "ReferenceSwitchedOff", "against_reference",
-           "close", "comm", "compare", "grads", "overlaps_backward", "params", "references_off",
-           "on_learners_side", "reduced_in_one_collective", "row_parts", "same_on_all_ranks",
-           "stand_ins", "with_references_off"]
+__all__ = ["FP32", "FP64", "OPS", "CheckFailed", "ReferenceSwitchedOff", "accumulation_sends",
+           "against_reference", "close", "comm", "compare", "grads", "overlaps_backward",
+           "params", "references_off", "on_learners_side", "reduced_in_one_collective",
+           "row_parts", "same_on_all_ranks", "stand_ins", "with_references_off"]

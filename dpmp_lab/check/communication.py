@@ -3,6 +3,7 @@
     dl.check.comm(res, {("all_reduce", "tp", "forward"): 1, ("all_reduce", "tp", "backward"): 1})
     dl.check.overlaps_backward(res)      # traced with dl.trace(gradients_of=model)
     dl.check.reduced_in_one_collective(res, "dp_train_step")
+    dl.check.accumulation_sends(traces, steps=2, n_micro=4, n_buckets=2)
 
 A key names a set of calls: an op ("all_reduce"), (op, group) or (op, group, phase). Each rank's
 calls are counted per key into a table of expected against seen (hints.CommTable). A rank whose
@@ -18,6 +19,11 @@ from typing import Any
 from dpmp_lab._helpers import indent, ranks_text
 from dpmp_lab.check.failed import CheckFailed
 from dpmp_lab.check.hints import (
+    ACCUMULATION_EVERY_BACKWARD,
+    ACCUMULATION_NEVER_SENT,
+    ACCUMULATION_ONE_BACKWARD,
+    ACCUMULATION_SENDS,
+    ACCUMULATION_SENT_EARLY,
     BLOCKING_HINT,
     OVERLAP_HINT,
     REDUCED_BY_HAND,
@@ -32,7 +38,7 @@ from dpmp_lab.i18n.messages import _
 from dpmp_lab.render import Table, cell, human_bytes
 from dpmp_lab.trace import Trace, matcher, traces_of
 
-__all__ = ["comm", "comm_table", "overlaps_backward", "parse_key",
+__all__ = ["accumulation_sends", "comm", "comm_table", "overlaps_backward", "parse_key",
            "reduced_in_one_collective"]
 
 Key = tuple[str, Any, str | None]   # (op, group, phase); None: any
@@ -79,6 +85,39 @@ def reduced_in_one_collective(traces: Any, step: str) -> None:
             _("{step} issued {ops} calls, on {world} ranks.").format(
                 step=step, ops=" and ".join(used), world=len(ts))
             + "\n" + likely(REDUCED_BY_HAND[used[0]]))
+
+
+def accumulation_sends(traces: Any, steps: int, n_micro: int, n_buckets: int,
+                       op: str = "all_reduce") -> None:
+    """Assert that the backwards of `steps` optimizer steps, each of `n_micro` micro-batches,
+    sent their gradient's `n_buckets` buckets (as `op` calls) once a step, when it was whole;
+    otherwise name what happened instead, from the calls each backward issued. The exercise
+    that asks for it leaves to the learner which backwards send, so its test states no pattern.
+
+    The traces must come from `dl.trace(gradients_of=model)`, which tells backwards apart.
+    """
+    want = ([0] * (n_micro - 1) + [n_buckets]) * steps
+    for i, t in enumerate(traces_of(traces)):
+        rank = t.rank if t.rank is not None else i
+        sent = [p.calls for p in t.overlap(op)]
+        if sent == want:
+            continue
+        lasts = sent[n_micro - 1::n_micro]
+        if n_micro > 1 and len(sent) == steps:
+            why = _(ACCUMULATION_ONE_BACKWARD).format(ran=len(sent) // steps, n_micro=n_micro)
+        elif not any(sent):
+            why = _(ACCUMULATION_NEVER_SENT)
+        elif sent == [n_buckets] * len(sent):
+            why = _(ACCUMULATION_EVERY_BACKWARD).format(n_buckets=n_buckets, n_micro=n_micro)
+        elif not any(lasts):
+            why = _(ACCUMULATION_SENT_EARLY)
+        else:
+            why = _(ACCUMULATION_SENDS)
+        raise CheckFailed(
+            _("On rank {rank}, the {op} calls of each backward ({steps} steps of {n_micro} "
+              "micro-batches, the gradient in {n_buckets} buckets) were {sent}.").format(
+                rank=rank, op=op, steps=steps, n_micro=n_micro, n_buckets=n_buckets, sent=sent)
+            + "\n" + _("Likely mistake: {hint}").format(hint=why))
 
 
 def overlaps_backward(traces: Any, op: str = "all_reduce", group: Any = None, *,

@@ -104,6 +104,30 @@ GATHERED_SUM = N_(
 REDUCED_BY_HAND = {"reduce": ONE_RANK_REDUCES, "broadcast": ONE_RANK_REDUCES,
                    "all_gather": GATHERED_SUM}
 
+# how the backwards of gradient accumulation's steps communicated, when not as they must
+ACCUMULATION_ONE_BACKWARD = N_(
+    "a step ran {ran} backward, not {n_micro}: the micro-batches' losses were added up and "
+    "backpropagated once, so every micro-batch's activations stayed alive until that one "
+    "backward. That is one large batch in pieces, with the memory of the whole shard; "
+    "accumulation runs a backward per micro-batch, which frees that micro-batch's activations "
+    "before the next forward. [hint: dp.accumulation_one_backward]")
+ACCUMULATION_NEVER_SENT = N_(
+    "nothing was sent in any backward, so every rank stepped with its own gradient: a backward "
+    "inside no_sync sends nothing, and finish_gradient_sync only completes what a backward "
+    "outside it started. [hint: dp.accumulation_never_sent]")
+ACCUMULATION_EVERY_BACKWARD = N_(
+    "every micro-batch's backward sent all {n_buckets} buckets. The average may come out "
+    "right, but each step sends its gradient {n_micro} times: all but one of those are partial "
+    "sums that the next backward adds to. [hint: dp.accumulation_every_backward]")
+ACCUMULATION_SENT_EARLY = N_(
+    "the buckets went out in a backward before a step's last one: what was sent then held "
+    "only the micro-batches done so far, and what the later backwards added to p.grad never "
+    "reached the other ranks. [hint: dp.accumulation_sent_early]")
+ACCUMULATION_SENDS = N_(
+    "a step's gradient is complete only once its last micro-batch's backward has added to "
+    "p.grad; what any backward sends before that is a partial sum, and a bucket sent twice is "
+    "sent for nothing. [hint: dp.accumulation_sends]")
+
 P2P_ADVICE = N_("post each send together with its receive (dist.isend/dist.irecv, or "
                 "dist.batch_isend_irecv, then wait), since on gloo a blocking send waits for "
                 "its receiver, and ranks that all send first wait forever")
