@@ -68,15 +68,7 @@ class DataParallel(nn.Module):
     def __init__(self, module: nn.Module, group: dist.ProcessGroup | None = None,
                  bucket_mb: float = 1.0, overlap: bool = True):
         super().__init__()
-        if not isinstance(module, nn.Module):
-            raise TypeError(f"DataParallel wraps an nn.Module, not {type(module).__name__}")
-        if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float)):
-            raise TypeError(f"bucket_mb must be a number of MiB, not {bucket_mb!r}")
-        if not bucket_mb >= 0 or math.isinf(bucket_mb):
-            raise ValueError(f"bucket_mb={bucket_mb}: a bucket size must be a finite number "
-                             "of MiB >= 0 (0 means one all-reduce per parameter tensor)")
-        if not isinstance(overlap, bool):
-            raise TypeError(f"overlap must be True or False, not {overlap!r}")
+        _check_options(module, bucket_mb, overlap)
         self.module = module
         self.group = resolve_group(group, "DataParallel")
         self.group_size = dist.get_world_size(self.group)
@@ -255,6 +247,19 @@ class DataParallel(nn.Module):
                 p.grad = view / self.group_size
             else:
                 torch.div(view, self.group_size, out=p.grad)
+
+
+def _check_options(module: Any, bucket_mb: Any, overlap: Any) -> None:
+    """DataParallel's arguments refused with what they should be, before any communication."""
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"DataParallel wraps an nn.Module, not {type(module).__name__}")
+    if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float)):
+        raise TypeError(f"bucket_mb must be a number of MiB, not {bucket_mb!r}")
+    if not bucket_mb >= 0 or math.isinf(bucket_mb):
+        raise ValueError(f"bucket_mb={bucket_mb}: a bucket size must be a finite number "
+                         "of MiB >= 0 (0 means one all-reduce per parameter tensor)")
+    if not isinstance(overlap, bool):
+        raise TypeError(f"overlap must be True or False, not {overlap!r}")
 
 
 def _hook(wrapper: weakref.ref, index: int) -> Callable[[torch.Tensor], None]:

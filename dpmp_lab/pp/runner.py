@@ -241,51 +241,9 @@ def run_schedule(schedule: Schedule | str, stage: Stage | Sequence[Stage],
     before the runner waits for its last sends: work that needs the step's whole gradients can
     start there, while the last messages are still in flight.
     """
-    stages = [stage] if isinstance(stage, Stage) else list(stage) \
-        if isinstance(stage, (list, tuple)) else stage
-    if not isinstance(stages, list) or not stages or \
-            not all(isinstance(s, Stage) for s in stages):
-        raise TypeError(f"stage must be a Stage (or a list of them, one per chunk), not "
-                        f"{type(stage).__name__}")
-    first = stages[0]
-    if any(s.n_chunks != len(stages) for s in stages):
-        raise ValueError(f"this rank passed {len(stages)} stage(s) built with n_chunks="
-                         f"{first.n_chunks}: pass one Stage per chunk, all {first.n_chunks} of "
-                         "them, in chunk order")
-    if [s.chunk for s in stages] != list(range(len(stages))) or \
-            any(s.ranks != first.ranks for s in stages):
-        raise ValueError("pass this rank's stages in chunk order, all on the same pipeline "
-                         "group: got " + ", ".join(f"chunk {s.chunk} of {s.n_chunks} on ranks "
-                                                   f"{s.ranks}" for s in stages))
-    if isinstance(schedule, str):
-        if n_microbatches is None:
-            raise ValueError(f"a schedule given by name ({schedule!r}) needs n_microbatches")
-        schedule = make_schedule(schedule, first.n_stages, n_microbatches,
-                                 n_chunks=len(stages))
-    elif not isinstance(schedule, Schedule):
-        raise TypeError(f"schedule must be a Schedule or a name, not {type(schedule).__name__}")
-    m = schedule.n_microbatches
-    if n_microbatches is not None and n_microbatches != m:
-        raise ValueError(f"n_microbatches={n_microbatches}, but the schedule has {m}")
-    if schedule.n_stages != first.n_stages:
-        raise ValueError(f"the schedule has {schedule.n_stages} stages but the pipeline group "
-                         f"has {first.n_stages} ranks {first.ranks}")
-    if schedule.n_chunks != len(stages):
-        raise ValueError(f"the schedule runs {schedule.n_chunks} chunks per rank, but this rank "
-                         f"passed {len(stages)} stage(s): one Stage per chunk")
-    if schedule.n_stages == 1 and schedule.n_chunks > 1:
-        raise ValueError(f"{schedule.n_chunks} chunks on a pipeline of one rank: every chunk "
-                         "follows the one before on the same rank, so there is nothing to send "
-                         "between them; run the chunks as one module (one Stage), or use p >= 2 "
-                         "ranks")
-    # checked wherever given (not only where used), so that ranks passing the same batch all
-    # refuse it together instead of leaving their neighbours waiting
-    xs = _microbatches(inputs, m, "inputs") if inputs is not None else None
-    ys = _microbatches(targets, m, "targets") if targets is not None else None
-    if any(s.is_first for s in stages) and xs is None:
-        raise ValueError("the first stage needs the batch: pass inputs")
-    if any(s.is_last for s in stages) and (ys is None or loss_fn is None):
-        raise ValueError("the last stage computes the loss: pass targets and loss_fn")
+    stages, schedule = _checked_stages_and_schedule(stage, schedule, n_microbatches)
+    first, m = stages[0], schedule.n_microbatches
+    xs, ys = _checked_batch(stages, m, inputs, targets, loss_fn)
 
     split = schedule.splits_backward[first.index]
     result = PipelineResult(first.index, first.n_stages, dist.get_rank(), schedule.name)
@@ -333,6 +291,69 @@ def run_schedule(schedule: Schedule | str, stage: Stage | Sequence[Stage],
     for p in pending:
         p.work.wait()
     return result
+
+
+# -- what run_schedule checks before it runs: every rank refuses the same bad call at once ----
+
+
+def _checked_stages_and_schedule(stage: Stage | Sequence[Stage], schedule: Schedule | str,
+                                 n_microbatches: int | None) -> tuple[list[Stage], Schedule]:
+    """This rank's stages as a list in chunk order, and the schedule they run, checked to fit
+    each other."""
+    stages = [stage] if isinstance(stage, Stage) else list(stage) \
+        if isinstance(stage, (list, tuple)) else stage
+    if not isinstance(stages, list) or not stages or \
+            not all(isinstance(s, Stage) for s in stages):
+        raise TypeError(f"stage must be a Stage (or a list of them, one per chunk), not "
+                        f"{type(stage).__name__}")
+    first = stages[0]
+    if any(s.n_chunks != len(stages) for s in stages):
+        raise ValueError(f"this rank passed {len(stages)} stage(s) built with n_chunks="
+                         f"{first.n_chunks}: pass one Stage per chunk, all {first.n_chunks} of "
+                         "them, in chunk order")
+    if [s.chunk for s in stages] != list(range(len(stages))) or \
+            any(s.ranks != first.ranks for s in stages):
+        raise ValueError("pass this rank's stages in chunk order, all on the same pipeline "
+                         "group: got " + ", ".join(f"chunk {s.chunk} of {s.n_chunks} on ranks "
+                                                   f"{s.ranks}" for s in stages))
+    if isinstance(schedule, str):
+        if n_microbatches is None:
+            raise ValueError(f"a schedule given by name ({schedule!r}) needs n_microbatches")
+        schedule = make_schedule(schedule, first.n_stages, n_microbatches,
+                                 n_chunks=len(stages))
+    elif not isinstance(schedule, Schedule):
+        raise TypeError(f"schedule must be a Schedule or a name, not {type(schedule).__name__}")
+    if n_microbatches is not None and n_microbatches != schedule.n_microbatches:
+        raise ValueError(f"n_microbatches={n_microbatches}, but the schedule has "
+                         f"{schedule.n_microbatches}")
+    if schedule.n_stages != first.n_stages:
+        raise ValueError(f"the schedule has {schedule.n_stages} stages but the pipeline group "
+                         f"has {first.n_stages} ranks {first.ranks}")
+    if schedule.n_chunks != len(stages):
+        raise ValueError(f"the schedule runs {schedule.n_chunks} chunks per rank, but this rank "
+                         f"passed {len(stages)} stage(s): one Stage per chunk")
+    if schedule.n_stages == 1 and schedule.n_chunks > 1:
+        raise ValueError(f"{schedule.n_chunks} chunks on a pipeline of one rank: every chunk "
+                         "follows the one before on the same rank, so there is nothing to send "
+                         "between them; run the chunks as one module (one Stage), or use p >= 2 "
+                         "ranks")
+    return stages, schedule
+
+
+def _checked_batch(stages: list[Stage], m: int, inputs: torch.Tensor | None,
+                   targets: torch.Tensor | None, loss_fn: Callable | None
+                   ) -> tuple[list[torch.Tensor] | None, list[torch.Tensor] | None]:
+    """The inputs and targets cut into m micro-batches, where given; refused where a stage of
+    this rank needs them and they are missing."""
+    # checked wherever given (not only where used), so that ranks passing the same batch all
+    # refuse it together instead of leaving their neighbours waiting
+    xs = _microbatches(inputs, m, "inputs") if inputs is not None else None
+    ys = _microbatches(targets, m, "targets") if targets is not None else None
+    if any(s.is_first for s in stages) and xs is None:
+        raise ValueError("the first stage needs the batch: pass inputs")
+    if any(s.is_last for s in stages) and (ys is None or loss_fn is None):
+        raise ValueError("the last stage computes the loss: pass targets and loss_fn")
+    return xs, ys
 
 
 def _weight_gradients(module: nn.Module, out: torch.Tensor, grad: torch.Tensor | None) -> None:
