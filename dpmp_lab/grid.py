@@ -50,13 +50,13 @@ GROUPS = (*KINDS, "ep")                  # ep: a sub-group of dp
 
 
 class Coords(NamedTuple):
-    """A rank's place in the grid (cp last, so that (pp, dp, tp) keep the places they had
-    before the grid had cp)."""
+    """A rank's place in the grid, in the grid's order: pp outermost, tp innermost (the ranks
+    of a tp group are neighbours)."""
 
     pp: int
     dp: int
+    cp: int
     tp: int
-    cp: int = 0
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ class GridLayout:
         return self.dp * self.tp * self.pp * self.cp
 
     def rank_of(self, pp: int = 0, dp: int = 0, tp: int = 0, cp: int = 0) -> int:
-        """The global rank at grid place (pp, dp, tp, cp)."""
+        """The global rank at grid place (pp, dp, cp, tp)."""
         for kind, value in (("pp", pp), ("dp", dp), ("tp", tp), ("cp", cp)):
             if not 0 <= value < getattr(self, kind):
                 raise ValueError(f"{kind}={value} is outside this grid ({kind} has "
@@ -90,7 +90,7 @@ class GridLayout:
         return ((pp * self.dp + dp) * self.cp + cp) * self.tp + tp
 
     def coords(self, rank: int) -> Coords:
-        """(pp, dp, tp, cp) of a global rank."""
+        """(pp, dp, cp, tp) of a global rank."""
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank {rank} is outside this grid of {self.world_size} ranks")
         return Coords(pp=rank // (self.dp * self.cp * self.tp),
@@ -127,12 +127,12 @@ class GridLayout:
     def next_stage(self, rank: int) -> int | None:
         """The rank that receives `rank`'s activations in the pipeline (None on the last)."""
         c = self.coords(rank)
-        return None if c.pp == self.pp - 1 else self.rank_of(c.pp + 1, c.dp, c.tp)
+        return None if c.pp == self.pp - 1 else self.rank_of(**c._replace(pp=c.pp + 1)._asdict())
 
     def prev_stage(self, rank: int) -> int | None:
         """The rank `rank` receives activations from (None on the first stage)."""
         c = self.coords(rank)
-        return None if c.pp == 0 else self.rank_of(c.pp - 1, c.dp, c.tp)
+        return None if c.pp == 0 else self.rank_of(**c._replace(pp=c.pp - 1)._asdict())
 
     def describe_sizes(self) -> str:
         if self.cp == 1 and self.ep == 1:
@@ -203,7 +203,7 @@ class ProcessGrid:
         self.mesh = init_device_mesh(device_type, (pp, dp, cp, tp), mesh_dim_names=KINDS)
         self.rank = dist.get_rank()
         self.coords = self.layout.coords(self.rank)
-        self.pp_rank, self.dp_rank, self.tp_rank, self.cp_rank = self.coords
+        self.pp_rank, self.dp_rank, self.cp_rank, self.tp_rank = self.coords
         self.ep_rank = self.layout.ep_rank(self.rank)
         for kind in KINDS:
             group = self.mesh.get_group(kind)

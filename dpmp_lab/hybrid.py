@@ -98,7 +98,7 @@ def _train(dp: int, tp: int, pp: int, config: GPTConfig, steps: int, batch_size:
         optimizer.step()
         losses.append(result.loss)
     split = sharding(model)
-    return {"coords": tuple(grid.coords), "rank": grid.rank, "losses": losses,
+    return {"coords": grid.coords._asdict(), "rank": grid.rank, "losses": losses,
             "params": {n: p.detach().cpu().clone() for n, p in named.items()},
             "sharding": {n: split.get(n) for n in named}}
 
@@ -153,7 +153,8 @@ def main(argv: list[str] | None = None) -> None:
         result = train(args.dp, args.tp, args.pp, steps=args.steps, batch_size=args.batch_size,
                        micro_batches=args.micro_batches, schedule=args.schedule,
                        dtype=torch.float64 if args.fp64 else None)
-        if result["losses"][0] is not None and result["coords"][1:3] == (0, 0):
+        place = result["coords"]
+        if result["losses"][0] is not None and place["dp"] == place["tp"] == 0:
             for step, loss in enumerate(result["losses"]):
                 print(f"rank {result['rank']} (dp_rank 0, last stage) step {step} loss "
                       f"{loss:.6f}", flush=True)

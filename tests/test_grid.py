@@ -31,8 +31,12 @@ WORLD4 = {
 }
 
 
+def _pp_dp_tp(c: dl.Coords) -> tuple[int, int, int]:
+    return c.pp, c.dp, c.tp
+
+
 def _layout_rows(layout: dl.GridLayout) -> dict:
-    return {r: (tuple(layout.coords(r))[:3], layout.group_of("tp", r), layout.group_of("dp", r),
+    return {r: (_pp_dp_tp(layout.coords(r)), layout.group_of("tp", r), layout.group_of("dp", r),
                 layout.group_of("pp", r), layout.prev_stage(r), layout.next_stage(r))
             for r in range(layout.world_size)}
 
@@ -81,7 +85,7 @@ def build_grid(dp: int, tp: int, pp: int):
             dist.all_reduce(torch.ones(1), group=getattr(grid, f"{kind}_group"))
     groups = {kind: tuple(dist.get_process_group_ranks(getattr(grid, f"{kind}_group")))
               for kind in ("tp", "dp", "pp")}
-    row = (tuple(grid.coords)[:3], grid.tp_ranks, grid.dp_ranks, grid.pp_ranks, grid.prev_stage,
+    row = (_pp_dp_tp(grid.coords), grid.tp_ranks, grid.dp_ranks, grid.pp_ranks, grid.prev_stage,
            grid.next_stage)
     return row, groups, [(e.label, e.group) for e in t.events], grid.describe(), \
         grid.mesh.mesh.tolist(), str(dl.viz.grid(grid))
@@ -136,16 +140,16 @@ def test_grid_picture_text_and_svg():
 
 
 # world 8 = dp4 x cp2 with ep2, rank = dp_rank * 2 + cp_rank (the drawing in grid.py):
-#   rank: (pp, dp, tp, cp)   cp group   dp group       ep group   ep_rank
+#   rank: (pp, dp, cp, tp)   cp group   dp group       ep group   ep_rank
 WORLD8_CP_EP = {
     0: ((0, 0, 0, 0), (0, 1), (0, 2, 4, 6), (0, 2), 0),
-    1: ((0, 0, 0, 1), (0, 1), (1, 3, 5, 7), (1, 3), 0),
+    1: ((0, 0, 1, 0), (0, 1), (1, 3, 5, 7), (1, 3), 0),
     2: ((0, 1, 0, 0), (2, 3), (0, 2, 4, 6), (0, 2), 1),
-    3: ((0, 1, 0, 1), (2, 3), (1, 3, 5, 7), (1, 3), 1),
+    3: ((0, 1, 1, 0), (2, 3), (1, 3, 5, 7), (1, 3), 1),
     4: ((0, 2, 0, 0), (4, 5), (0, 2, 4, 6), (4, 6), 0),
-    5: ((0, 2, 0, 1), (4, 5), (1, 3, 5, 7), (5, 7), 0),
+    5: ((0, 2, 1, 0), (4, 5), (1, 3, 5, 7), (5, 7), 0),
     6: ((0, 3, 0, 0), (6, 7), (0, 2, 4, 6), (4, 6), 1),
-    7: ((0, 3, 0, 1), (6, 7), (1, 3, 5, 7), (5, 7), 1),
+    7: ((0, 3, 1, 0), (6, 7), (1, 3, 5, 7), (5, 7), 1),
 }
 
 
@@ -158,7 +162,10 @@ def test_layout_with_cp_and_ep_matches_the_hand_written_table():
     # cp sits between dp and tp: with tp = 2 a cp group strides over the tp neighbours
     big = dl.GridLayout(dp=2, cp=2, tp=2, pp=2)
     assert big.groups("cp")[:2] == [(0, 2), (1, 3)] and big.group_of("tp", 5) == (4, 5)
-    assert big.rank_of(pp=1, dp=1, cp=1, tp=1) == 15 and big.coords(13) == (1, 1, 1, 0)
+    assert big.rank_of(pp=1, dp=1, cp=1, tp=1) == 15 and big.coords(13) == (1, 1, 0, 1)
+    # a stage's neighbour holds the same cp and tp place (rank 13's cp 0, tp 1 at pp 0: rank 5)
+    assert big.prev_stage(13) == 5 and big.next_stage(5) == 13
+    assert dl.GridLayout(pp=2, cp=2).next_stage(1) == 3
     text = layout.describe(3)
     assert "cp groups (context parallel" in text and "ep groups (expert parallel" in text
     assert "rank 3: cp_rank 1, ep_rank 1; cp group (2,3), ep group (1,3)" in text
@@ -201,4 +208,4 @@ def test_process_grid_with_cp_and_ep(warm):
         assert built["ep"] == built["dp"]          # ep = dp here: the whole dp group
         assert traced == [(k, built[k]) for k in ("cp", "dp", "ep")]
         assert plain_ep is None and plain_cp == (rank,)   # ep = 1: no group, all experts local
-        assert f"cp={coords[3]} ep={ep_rank}" in text
+        assert f"cp={coords[2]} ep={ep_rank}" in text
