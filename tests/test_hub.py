@@ -16,9 +16,11 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import nbformat
 import pytest
 from traitlets.config import Config
 
+from dpmp_lab import i18n
 from dpmp_lab.instructor import hub, hub_settings
 from dpmp_lab.instructor.hub import HubConfigError, HubSettings
 
@@ -61,6 +63,9 @@ def test_a_fixed_map_wins_over_the_round_robin(tmp_path):
     ({"GPUS": "0", "GPU_MAP": "ada=1"}, "no such GPU on this server: 1"),
     ({"GPUS": "0", "GPU_MAP": "eve=0"}, "GPU_MAP names no user of the course: eve"),
     ({"GPU_MAP": "ada:0"}, "'ada:0' is not USER=GPU"),
+    ({"LANGUAGE": "fr"}, "LANGUAGE='fr': one of en, ja"),
+    ({"LANGUAGE_MAP": "ada=fr"}, "'ada=fr' is not USER=LANGUAGE"),
+    ({"LANGUAGE_MAP": "eve=ja"}, "LANGUAGE_MAP names no user of the course: eve"),
     ({"PASSWORD": "short"}, "PASSWORD: at least 8 characters"),
     ({"PYTHON": "/no/such/python"}, "PYTHON=/no/such/python is not a program"),
     ({"MEMORY": "lots"}, "MEMORY='lots': a size such as 4G"),
@@ -102,12 +107,14 @@ def test_learners_get_the_assignment_list_and_instructors_formgrader(tmp_path):
     learner_nbgrader = (learner / "nbgrader_config.py").read_text()
     assert "c.Exchange.root = '/srv/x'" in learner_nbgrader
     assert "PrivateSubmit" in learner_nbgrader and "CourseDirectory.root" not in learner_nbgrader
+    assert f"c.ExchangeFactory.fetch_assignment = {hub.LANGUAGE_FETCH!r}" in learner_nbgrader
     loaded = Config()
     runpy.run_path(str(instructor / "nbgrader_config.py"),
                    {"get_config": lambda: loaded, "load_subconfig": lambda path: None})
     assert loaded.CourseDirectory.root == str(s.course)
     assert loaded.CourseDirectory.course_id == "dpmp_lab"
     assert loaded.ExchangeFactory.collect == "dpmp_lab.instructor.exchange.OwnerCheckedCollect"
+    assert loaded.ExchangeFactory.release_assignment == hub.TRANSLATED_RELEASE
     assert oct(s.state.stat().st_mode & 0o777) == "0o711"     # crossed, never listed
     assert oct(s.private.stat().st_mode & 0o777) == "0o700"   # the hub's database, secret
     assert (learner / "nbgrader_config.py").stat().st_mode & 0o004
@@ -133,13 +140,76 @@ def test_pre_spawn_sets_gpus_config_and_folder_by_role(tmp_path):
     me = pwd.getpwuid(os.getuid()).pw_name
     s = settings(tmp_path, instructors=(me,), learners=("ada",), gpus=("0", "1"))
     spawner = SimpleNamespace(user=SimpleNamespace(name=me), environment={"KEEP": "1"},
-                              notebook_dir="")
+                              notebook_dir="", args=[])
     hub.pre_spawn(s, spawner)
     assert spawner.environment["CUDA_VISIBLE_DEVICES"] == "0"
     assert spawner.environment["KEEP"] == "1"
     assert spawner.environment["JUPYTER_CONFIG_PATH"] == str(s.config_dir("instructor"))
     assert spawner.environment["PATH"].split(os.pathsep)[0] == str(Path(s.python).parent)
+    assert spawner.environment["DPMP_LAB_LANG"] == "en" and spawner.args == []
     assert spawner.notebook_dir == str(s.course)
+
+
+def test_pre_spawn_opens_each_users_course_in_their_language(tmp_path):
+    me = pwd.getpwuid(os.getuid()).pw_name
+    s = settings(tmp_path, instructors=(me,), learners=("ada",),
+                 language_map=hub_settings.parse_language_map(f"{me} = ja"))
+    assert (s.language_for(me), s.language_for("ada")) == ("ja", "en")
+    spawner = SimpleNamespace(user=SimpleNamespace(name=me), environment={}, notebook_dir="",
+                              args=["--keep"])
+    for _ in range(2):   # a server started again gets its settings once
+        hub.pre_spawn(s, spawner)
+        assert spawner.environment["DPMP_LAB_LANG"] == "ja"
+        assert spawner.args == ["--keep", f"--LabApp.app_settings_dir={i18n.lab_settings('ja')}"]
+    assert (i18n.lab_settings("ja") / "overrides.json").is_file()
+    assert settings(tmp_path, language="ja").language_for("ada") == "ja"
+
+
+def fake_release(folder: Path, language: str) -> None:
+    folder.mkdir(parents=True)
+    nb = nbformat.v4.new_notebook(metadata={"dpmp_lab": {"language": language}})
+    nbformat.write(nb, folder / "00_launch.ipynb")
+    (folder / "data.txt").write_text(language)
+
+
+def test_the_exchange_gives_each_learner_the_assignment_in_their_language(tmp_path):
+    """nbgrader's own release and fetch, with the hub's exchange classes: the release carries
+    the translation beside the English notebooks; a fetch in Japanese gets the Japanese
+    notebook under the assignment's name, one in English the English one, neither the hidden
+    folder; a fetch that restores a missing file leaves the learner's own notebook alone."""
+    root, exchange = tmp_path / "course", tmp_path / "exchange"
+    fake_release(root / "course" / "00_launch", "en")
+    fake_release(root / "course-ja" / "00_launch", "ja")
+    env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    common = [f"--Exchange.root={exchange}", "--CourseDirectory.course_id=dpmp_lab"]
+
+    def nbgrader(*args: str, cwd: Path, **extra: str) -> None:
+        done = subprocess.run([sys.executable, "-m", "nbgrader", *args, *common], cwd=cwd,
+                              env={**env, **extra}, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+    nbgrader("release_assignment", "00_launch", f"--CourseDirectory.root={root}",
+             "--CourseDirectory.release_directory=course", "--Exchange.path_includes_course=False",
+             f"--ExchangeFactory.release_assignment={hub.TRANSLATED_RELEASE}", cwd=root)
+    released = exchange / "dpmp_lab" / "outbound" / "00_launch"
+    assert (released / ".translations" / "ja" / "00_launch.ipynb").is_file()
+    fetch = ("fetch_assignment", "00_launch", f"--ExchangeFactory.fetch_assignment={hub.LANGUAGE_FETCH}")
+    for language in ("ja", "en"):
+        home = tmp_path / f"home-{language}"
+        home.mkdir()
+        nbgrader(*fetch, cwd=home, DPMP_LAB_LANG=language)
+        got = home / "00_launch"
+        assert sorted(p.name for p in got.iterdir()) == ["00_launch.ipynb", "data.txt"]
+        nb = nbformat.read(got / "00_launch.ipynb", as_version=4)
+        assert nb.metadata["dpmp_lab"]["language"] == language
+        assert (got / "data.txt").read_text() == "en"   # what is not a notebook: the release's
+    mine = tmp_path / "home-ja" / "00_launch"
+    nbformat.write(nbformat.v4.new_notebook(metadata={"mine": True}), mine / "00_launch.ipynb")
+    (mine / "data.txt").unlink()
+    nbgrader(*fetch, "--replace", cwd=mine.parent,
+             DPMP_LAB_LANG="ja")
+    assert nbformat.read(mine / "00_launch.ipynb", as_version=4).metadata == {"mine": True}
+    assert (mine / "data.txt").is_file() and not (mine / ".translations").exists()
 
 
 def test_the_config_file_sets_up_the_hub_and_says_when_the_proxy_is_missing(
@@ -208,8 +278,8 @@ def test_the_server_gpus_are_what_nvidia_smi_lists(tmp_path, monkeypatch):
 def test_the_names_the_hub_writes_into_jupyters_config_resolve():
     """The exchange classes and the server extensions hub.py names as strings exist: a rename
     fails here, not in a learner's server that quietly keeps nbgrader's own submit."""
-    for dotted in (hub.PRIVATE_SUBMIT, hub.OWNER_CHECKED_COLLECT, hub.LIMITED_SPAWNER,
-                   hub.SYSTEMD_SPAWNER):
+    for dotted in (hub.PRIVATE_SUBMIT, hub.OWNER_CHECKED_COLLECT, hub.LANGUAGE_FETCH,
+                   hub.TRANSLATED_RELEASE, hub.LIMITED_SPAWNER, hub.SYSTEMD_SPAWNER):
         module, _, name = dotted.rpartition(".")
         assert isinstance(getattr(importlib.import_module(module), name), type), dotted
     for module in (*hub.LEARNER_SERVER_OFF, hub.ROSTER_SERVICE, "jupyterhub_idle_culler"):
@@ -269,7 +339,7 @@ def test_limits_culling_restarts_and_the_roster_are_configured(tmp_path):
     server = json.loads((s.config_dir("learner") / "jupyter_server_config.json").read_text())
     assert server["MappingKernelManager"]["cull_idle_timeout"] == 600
     spawner = SimpleNamespace(user=SimpleNamespace(name="eve"), environment={},
-                              notebook_dir="")
+                              notebook_dir="", args=[])
     with pytest.MonkeyPatch.context() as mp:
         account = SimpleNamespace(pw_dir=str(tmp_path), pw_uid=-1)
         mp.setattr(hub.pwd, "getpwnam", lambda name: account)

@@ -61,6 +61,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from dpmp_lab import i18n
 from dpmp_lab.instructor import nbgrader_plugin, sandbox
 from dpmp_lab.instructor.course import assignments
 
@@ -229,7 +230,8 @@ class Hub:
                         DPMP_LAB_HUB_GPUS="0,1", DPMP_LAB_HUB_PYTHON=python,
                         DPMP_LAB_HUB_PASSWORD=PASSWORD, DPMP_LAB_HUB_MEMORY=MEMORY,
                         DPMP_LAB_HUB_CPUS=str(CPUS), DPMP_LAB_HUB_ROSTER=str(self.roster),
-                        DPMP_LAB_HUB_CONFIG=str(self.config()))
+                        DPMP_LAB_HUB_CONFIG=str(self.config()),
+                        DPMP_LAB_HUB_LANGUAGE_MAP=f"{accounts.learners[1]}=ja")
         self.env.update(env)
         self.ports = [f"--port={self.url.rsplit(':', 1)[1]}",
                       f"--JupyterHub.hub_port={free_port()}",
@@ -340,13 +342,13 @@ def phase(name: str) -> None:
 
 
 def start_course(course: Path) -> subprocess.Popen:
-    """The instructor's course root: 00_launch released into its gradebook (`dpmp-lab
-    release`, run while the hub starts)."""
+    """The instructor's course root: 00_launch released into its gradebook, in English and in
+    Japanese (`dpmp-lab release --lang ja`, run while the hub starts)."""
     course.mkdir()
     shutil.copy(ROOT / "nbgrader_config.py", course)
     shutil.copytree(ROOT / "solutions" / NAME, course / "solutions" / NAME)
     return subprocess.Popen(
-        [str(VENV_BIN / "dpmp-lab"), "release", NAME, "--root", str(course)],
+        [str(VENV_BIN / "dpmp-lab"), "release", NAME, "--lang", "ja", "--root", str(course)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env=dict(os.environ, PATH=f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}"))
 
@@ -823,6 +825,39 @@ def test_a_runaway_learner_is_held_to_the_limits_of_their_server(hub_class):
     assert status == "died" and "survived" not in printed, (status, printed)
     assert hub.servers()[bob]["ready"] and hub.ready()   # the server and the hub stay
     phase("bob's 3 GiB cell lost its kernel, not the server")
+
+
+# what bob's Assignment List does when he presses Fetch: nbgrader's fetch, from his server's
+# environment (its nbgrader config, his language), into his home
+FETCH = ("import json, os, subprocess, sys\n"
+         "done = subprocess.run([sys.executable, '-m', 'nbgrader', 'fetch_assignment', "
+         f"'{NAME}'], capture_output=True, text=True)\n"
+         "print(done.returncode, done.stderr[-2000:] if done.returncode else '')\n"
+         f"nb = json.load(open('{NAME}/{NAME}.ipynb', encoding='utf-8'))\n"
+         "print(os.environ['DPMP_LAB_LANG'], nb['metadata']['dpmp_lab']['language'],"
+         f" sorted(os.listdir('{NAME}')))\n"
+         "print(next(c['source'] for c in nb['cells'] if c['cell_type'] == 'markdown')[:200])\n")
+
+
+def test_a_learner_in_japanese_fetches_the_assignment_in_japanese(hub_class):
+    """Bob's course is in Japanese (LANGUAGE_MAP): his server opens JupyterLab with its
+    Japanese language pack and speaks Japanese in his kernels, and his fetch of the one
+    assignment the instructor released gives him its Japanese notebook under its own name
+    (what he hands in is 00_launch, graded in Japanese)."""
+    hub, accounts = hub_class
+    bob = accounts.learners[1]
+    if not (hub.exchange / "dpmp_lab" / "outbound" / NAME).is_dir():
+        release_assignment(hub, accounts)   # when this test runs alone
+    server = start_server(hub, bob)
+    argv = Path(f"/proc/{server}/cmdline").read_bytes().decode().split("\0")
+    assert f"--LabApp.app_settings_dir={i18n.lab_settings('ja')}" in argv, argv
+    status, printed = in_kernel(hub, bob, FETCH)
+    assert status == "ok", printed
+    done, languages, first_text = printed.split("\n", 2)
+    assert done.strip() == "0", printed
+    assert languages == f"ja ja ['{NAME}.ipynb']", printed   # no hidden folder of translations
+    assert re.search("[\u3040-\u30ff]", first_text), first_text   # kana: the text is Japanese
+    phase("bob fetched 00_launch in Japanese")
 
 
 def hub_pid(hub: Hub) -> int:

@@ -12,15 +12,29 @@ learner (`ada+00_launch+<a later time>+x`); nbgrader's collect warns that its ow
 collects it all the same, as ada's newest submission. `OwnerCheckedCollect`, named by the
 instructor's nbgrader_config.py (the command line and formgrader), leaves out every folder
 whose owner is not the learner it names, and says so.
+
+One assignment, each learner in their language: `TranslatedRelease` releases the English
+notebooks as nbgrader does and, beside them in a hidden folder, the same assignment from every
+translated release of the course root (`dpmp-lab release --lang ja` writes course-ja/);
+`LanguageFetch` gives a learner the notebooks of their language (DPMP_LAB_LANG, which the hub
+sets per learner) under the assignment's own names, so that their hand-in is the assignment's
+notebook, graded in the language it was released in, and leaves the hidden folder out.
 """
 
 from __future__ import annotations
 
 import os
 import pwd
+import shutil
+from pathlib import Path
 
 from nbgrader.exchange.default.collect import ExchangeCollect
+from nbgrader.exchange.default.fetch_assignment import ExchangeFetchAssignment
+from nbgrader.exchange.default.release_assignment import ExchangeReleaseAssignment
 from nbgrader.exchange.default.submit import ExchangeSubmit
+
+from dpmp_lab.i18n import messages
+from dpmp_lab.instructor.course import release_folder
 
 # The folder is the gate: its files may keep the learner's group (nbgrader writes some after
 # the copy has reset the folder's set-group-id bit), so they are readable by whoever enters.
@@ -71,3 +85,38 @@ class OwnerCheckedCollect(ExchangeCollect):
         self.src_records = [r for r in self.src_records
                             if not r["username"].startswith(NOT_THEIRS)]
         super().copy_files()
+
+
+TRANSLATIONS = ".translations"   # in a released assignment: <language>/ per translation
+
+
+class TranslatedRelease(ExchangeReleaseAssignment):
+    """nbgrader's release, with the assignment's translations beside it: course-<language>/NAME
+    of the course root, where `dpmp-lab release --lang` wrote one, under .translations/."""
+
+    def do_copy(self, src: str, dest: str) -> None:
+        super().do_copy(src, dest)
+        root, name = Path(self.coursedir.root), self.coursedir.assignment_id
+        for language in messages.LANGUAGES:
+            translated = release_folder(root, language) / name
+            if language != messages.SOURCE and translated.is_dir():
+                shutil.copytree(translated, Path(dest) / TRANSLATIONS / language,
+                                ignore=shutil.ignore_patterns(*self.coursedir.ignore))
+                self.log.info(f"with its translation: {translated}")
+
+
+class LanguageFetch(ExchangeFetchAssignment):
+    """nbgrader's fetch, the notebooks in the learner's language where the release has them
+    (a notebook the learner already has is left as it is: a fetch that restores missing files
+    restores only those)."""
+
+    def do_copy(self, src: str, dest: str) -> None:
+        had = set(os.listdir(dest)) if os.path.isdir(dest) else set()
+        super().do_copy(src, dest)
+        translations = Path(dest) / TRANSLATIONS
+        mine = translations / messages.language()
+        if messages.language() != messages.SOURCE and mine.is_dir():
+            for notebook in sorted(mine.glob("*.ipynb")):
+                if notebook.name not in had:
+                    shutil.copyfile(notebook, Path(dest) / notebook.name)
+        shutil.rmtree(translations, ignore_errors=True)

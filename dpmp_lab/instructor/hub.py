@@ -6,10 +6,13 @@ from the course's Python environment, with `CUDA_VISIBLE_DEVICES` set by a pre-s
 fixed map, else round-robin over the server's GPUs in blocks of `gpus_per_user`, so several
 learners may share a GPU), in a home only they can read, with nbgrader's Assignment List and
 Validate button and nothing of the instructor's (no formgrader, no course list, no
-create-assignment). The instructors' servers open the course root with formgrader. Both
-share one nbgrader exchange; learners submit through `exchange.PrivateSubmit`, so a
-submission is readable by its learner and the graders' group only, and instructors collect
-through `exchange.OwnerCheckedCollect`, so no learner hands in under another's name.
+create-assignment), in their language (LANGUAGE, LANGUAGE_MAP: JupyterLab's language pack, the
+library's words, and the assignment's translation when they fetch it: `exchange.LanguageFetch`
+of what `exchange.TranslatedRelease` released). The instructors' servers open the course root
+with formgrader. Both share one nbgrader exchange; learners submit through
+`exchange.PrivateSubmit`, so a submission is readable by its learner and the graders' group
+only, and instructors collect through `exchange.OwnerCheckedCollect`, so no learner hands in
+under another's name.
 
 A service, not a session: every server runs within a memory, CPU and process limit of its
 own (`hub_spawner.LimitedSpawner`, cgroups; systemd's units where systemd runs the machine,
@@ -35,6 +38,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from dpmp_lab import i18n
 from dpmp_lab.instructor import course, hub_supervisor
 from dpmp_lab.instructor.course import COURSE_ID
 from dpmp_lab.instructor.hub_settings import (  # noqa: F401 (HubSettings: re-exported)
@@ -49,12 +53,15 @@ LEARNER_SERVER_OFF = ("nbgrader.server_extensions.formgrader",
 LEARNER_LAB_OFF = ("@jupyter/nbgrader:formgrader", "@jupyter/nbgrader:course-list",
                    "@jupyter/nbgrader:create-assignment")
 PRIVATE_SUBMIT = "dpmp_lab.instructor.exchange.PrivateSubmit"
+LANGUAGE_FETCH = "dpmp_lab.instructor.exchange.LanguageFetch"
+TRANSLATED_RELEASE = "dpmp_lab.instructor.exchange.TranslatedRelease"
 LIMITED_SPAWNER = "dpmp_lab.instructor.hub_spawner.LimitedSpawner"
 SYSTEMD_SPAWNER = "systemdspawner.SystemdSpawner"
 ROSTER_SERVICE = "dpmp_lab.instructor.hub_roster"
 # a service of the hub's, run so that it ends with the hub (hub_supervisor.SERVICE)
 SERVICE = (sys.executable, "-c", hub_supervisor.SERVICE)
 OWNER_CHECKED_COLLECT = "dpmp_lab.instructor.exchange.OwnerCheckedCollect"
+APP_SETTINGS = "--LabApp.app_settings_dir"
 
 
 # What of the checkout the hub runs from no learner may read: the hidden tests (solutions/),
@@ -93,10 +100,12 @@ def nbgrader_config(settings: HubSettings, role: str) -> str:
              f"c.CourseDirectory.course_id = {COURSE_ID!r}",
              f"c.Exchange.root = {str(settings.exchange)!r}"]
     if role == "learner":
-        lines.append(f"c.ExchangeFactory.submit = {PRIVATE_SUBMIT!r}")
+        lines += [f"c.ExchangeFactory.submit = {PRIVATE_SUBMIT!r}",
+                  f"c.ExchangeFactory.fetch_assignment = {LANGUAGE_FETCH!r}"]
     else:
         lines += [f"c.CourseDirectory.root = {str(settings.course)!r}",
                   f"c.ExchangeFactory.collect = {OWNER_CHECKED_COLLECT!r}",
+                  f"c.ExchangeFactory.release_assignment = {TRANSLATED_RELEASE!r}",
                   f"load_subconfig({str(settings.course / 'nbgrader_config.py')!r})  # noqa: F821"]
     return "\n".join(lines) + "\n"
 
@@ -171,21 +180,27 @@ def prepare_exchange(settings: HubSettings) -> Path:
 
 
 def pre_spawn(settings: HubSettings, spawner: Any) -> None:
-    """Before a user's server starts: their GPUs, their role's config, their folder (the
-    course root for an instructor, for a learner their home, made private)."""
+    """Before a user's server starts: their GPUs, their language (the library's, JupyterLab's
+    and the notebooks' a fetch gives), their role's config, their folder (the course root for
+    an instructor, for a learner their home, made private)."""
     user = spawner.user.name
     role = settings.role(user)
     home = Path(pwd.getpwnam(user).pw_dir)
     if role == "learner" and home.is_dir() and home.stat().st_uid == pwd.getpwnam(user).pw_uid:
         home.chmod(0o700)
     bindir = str(Path(settings.python).parent)
+    language = settings.language_for(user)
     spawner.environment = {
         **spawner.environment,
         "CUDA_VISIBLE_DEVICES": settings.gpus_for(user),
         "DPMP_LAB_CORES": str(settings.cores),
+        i18n.LANGUAGE_ENV: language,   # the library's words, and the notebooks a fetch gives
         "JUPYTER_CONFIG_PATH": str(settings.config_dir(role)),
         "PATH": bindir + os.pathsep + "/usr/local/bin:/usr/bin:/bin",
     }
+    lab = i18n.lab_settings(language)   # JupyterLab's own words: its language pack
+    spawner.args = [a for a in spawner.args if not a.startswith(APP_SETTINGS)] + (
+        [] if lab is None else [f"{APP_SETTINGS}={lab}"])
     spawner.notebook_dir = str(settings.course if role == "instructor" else home)
 
 

@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dpmp_lab.i18n.messages import LANGUAGES, SOURCE
+
 PREFIX = "DPMP_LAB_HUB_"
 USER_NAME = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 GPU_ID = re.compile(r"\d+")
@@ -72,6 +74,22 @@ def parse_gpu_map(text: str) -> dict[str, tuple[str, ...]]:
     return mapping
 
 
+def parse_language_map(text: str) -> dict[str, str]:
+    """`alice=ja; bob=ja` -> {"alice": "ja", "bob": "ja"}: the course's language for some
+    users, where it is not the hub's LANGUAGE."""
+    mapping = {}
+    for entry in (e.strip() for e in text.split(";")):
+        if not entry:
+            continue
+        user, sep, language = (part.strip() for part in entry.partition("="))
+        if not sep or language not in LANGUAGES:
+            raise HubConfigError(f"{PREFIX}LANGUAGE_MAP: {entry!r} is not USER=LANGUAGE, the "
+                                 f"language one of {', '.join(LANGUAGES)}")
+        [name] = _names(user, "LANGUAGE_MAP") or ("",)
+        mapping[name] = language
+    return mapping
+
+
 @dataclass(frozen=True)
 class HubSettings:
     """One course on one server. `course`: the instructor's course root (nbgrader_config.py,
@@ -98,6 +116,8 @@ class HubSettings:
     extra_config: Path | None = None  # the server's own config for it, read last
     ssl_cert: Path | None = None
     ssl_key: Path | None = None
+    language: str = SOURCE        # the course's language for every user not in language_map
+    language_map: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.instructors:
@@ -135,6 +155,13 @@ class HubSettings:
         if missing:
             raise HubConfigError(f"{PREFIX}GPU_MAP: no such GPU on this server: "
                                  f"{', '.join(missing)} (it has {', '.join(self.gpus) or 'none'})")
+        if self.language not in LANGUAGES:
+            raise HubConfigError(f"{PREFIX}LANGUAGE={self.language!r}: one of "
+                                 f"{', '.join(LANGUAGES)}")
+        unknown = sorted(set(self.language_map) - set(self.users))
+        if unknown:
+            raise HubConfigError(f"{PREFIX}LANGUAGE_MAP names no user of the course: "
+                                 f"{', '.join(unknown)}")
         if self.password is not None and len(self.password) < 8:
             raise HubConfigError(f"{PREFIX}PASSWORD: at least 8 characters")
         if not os.access(self.python, os.X_OK):
@@ -193,6 +220,8 @@ class HubSettings:
             extra_config=path("CONFIG"),
             ssl_cert=path("SSL_CERT"),
             ssl_key=path("SSL_KEY"),
+            language=get("LANGUAGE", SOURCE).strip(),
+            language_map=parse_language_map(get("LANGUAGE_MAP", "")),
         )
 
     def gpus_for(self, user: str) -> str:
@@ -205,6 +234,10 @@ class HubSettings:
         n, k = len(self.gpus), self.gpus_per_user
         start = self.users.index(user) * k
         return ",".join(self.gpus[(start + j) % n] for j in range(k))
+
+    def language_for(self, user: str) -> str:
+        """The language `user`'s course opens in: their entry of the map, else the hub's."""
+        return self.language_map.get(user, self.language)
 
     def role(self, user: str) -> str:
         return "instructor" if user in self.instructors else "learner"
