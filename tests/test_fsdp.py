@@ -1,4 +1,4 @@
-"""fsdp.py: FullyShardedDataParallel against single-process training (fp64, every rank), against
+"""dl.fsdp: FullyShardedDataParallel against single-process training (fp64, every rank), against
 torch's FSDP2 fully_shard on the same model, and by its exact communication per unit and phase."""
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def counted_steps(reshard: bool, prefetch: bool):
         opt.step()
         opt.zero_grad()
         out.append(t)
-    shards = [u.shard_size for u in model._units]
+    shards = [p.numel() for p in model.shards]                # one shard per unit
     # was the second layer's gather issued before the first layer's forward was over?
     early = t.select("all_gather", phase="forward")[1].time < first_done[-1]
     return out, shards, model.memory(), early
