@@ -52,8 +52,10 @@ def comm(traces: Any, expected: Mapping | Callable[[int], Mapping], *,
 
     traces:   res from dl.launch(..., trace=True), res.traces, or one Trace.
     expected: {key: calls} for every rank, or a function rank -> {key: calls}. A key is an op
-              ("all_reduce"), (op, group) or (op, group, phase); group is a name ("dp"), a
-              tuple of ranks, or None for any; phase is "forward", "backward", "none" or None.
+              ("all_reduce"), (op, group) or (op, group, phase); op is None for any (an
+              exercise that leaves the collective to the learner counts calls per phase);
+              group is a name ("dp"), a tuple of ranks, or None for any; phase is "forward",
+              "backward", "none" or None.
     only:     every call a rank issued must match some key (else it is reported as extra).
     bytes:    {key: payload bytes} to check as well (exact, or within bytes_rtol).
     hints:    {key: message} to show when that key's count is wrong, before the built-in ones.
@@ -222,7 +224,8 @@ def _rank_report(t: Trace, expected: Mapping, only: bool, want_bytes: Mapping | 
         return ""
     text = indent(str(Table(
         [_("op"), _("group"), _("phase"), _("expected"), _("seen")],
-        [[r.op, _any(r.group), _any(r.phase), r.expected or 0, r.seen] for r in table.rows],
+        [[_any(r.op), _any(r.group), _any(r.phase), r.expected or 0, r.seen]
+         for r in table.rows],
         marks=[r.wrong for r in table.rows])))
     if bytes_lines:
         text += "\n\n" + "\n".join(bytes_lines)

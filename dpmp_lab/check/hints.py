@@ -324,6 +324,11 @@ def where(group: Any, phase: str | None) -> str:
             + ("" if phase is None else _(" in {phase}").format(phase=phase)))
 
 
+def _op(row: Row) -> str:
+    """A row's op, or the words for any op (a key that counts calls whatever the collective)."""
+    return row.op if row.op is not None else _("collective")
+
+
 def _phase_words(phase: str | None) -> str:
     return _(_PHASE_WORDS.get(phase, N_("outside forward and backward")))
 
@@ -414,22 +419,22 @@ COMM_HINTS: list[CommHint] = [
     CommHint(lambda row, t: _none_seen(row),
              lambda row, t: _("no {op} was issued{where}: the step that should communicate is "
                               "missing (or never reached on this rank)").format(
-                 op=row.op, where=where(row.group, row.phase)),
+                 op=_op(row), where=where(row.group, row.phase)),
              key="comm.none_issued"),
     CommHint(lambda row, t: bool(row.expected) and row.seen % row.expected == 0,
              lambda row, t: _("{n}x the expected number of {op} calls{where}: issued once per "
                               "parameter, per micro-batch or per projection where one call "
                               "serves them all, or twice (in a hook and again after "
-                              "backward)?").format(n=row.seen // row.expected, op=row.op,
+                              "backward)?").format(n=row.seen // row.expected, op=_op(row),
                                                    where=where(row.group, row.phase)),
              key="comm.multiple_of_expected"),
     CommHint(lambda row, t: row.expected is not None and row.seen > row.expected,
              lambda row, t: _("{n} {op} call(s) more than needed{where}").format(
-                 n=row.seen - row.expected, op=row.op, where=where(row.group, row.phase)),
+                 n=row.seen - row.expected, op=_op(row), where=where(row.group, row.phase)),
              key="comm.more_than_needed"),
     CommHint(lambda row, t: row.expected is not None,
              lambda row, t: _("{n} {op} call(s) missing{where}").format(
-                 n=row.expected - row.seen, op=row.op, where=where(row.group, row.phase)),
+                 n=row.expected - row.seen, op=_op(row), where=where(row.group, row.phase)),
              key="comm.calls_missing"),
 
     # calls nobody expected

@@ -375,8 +375,19 @@ VARIANTS = [
                                                "return grad_x, grad_shard, None, None")),
            "loses": _UNIT, "visible_says": ["divided by 3"]}),
     _seen({"name": "weight gradient transposed: x.T @ grad_out",
-           "replace": _edit("sharded_linear", ("grad_w = grad_out.T @ x", "grad_w = x.T @ grad_out")),
+           "replace": _edit("sharded_linear", ("grad_w = rows_out.T @ rows_in",
+                                               "grad_w = rows_in.T @ rows_out")),
            "loses": _UNIT, "visible_says": ["the weight's shape (out x in)"]}),
+    _seen({"name": "FSDP unit: a backward for inputs of two dims only (a Linear takes more)",
+           "replace": _edit("sharded_linear", (
+               "        rows_out = grad_out.reshape(-1, out_features)     # every leading dim "
+               "counts as rows\n"
+               "        rows_in = x.reshape(-1, in_features)\n"
+               "        grad_w = rows_out.T @ rows_in\n"
+               "        grad_b = rows_out.sum(0)\n",
+               "        grad_w = grad_out.t() @ x\n"
+               "        grad_b = grad_out.sum(0)\n")),
+           "loses": _UNIT, "visible_says": ["sharding.fsdp_leading_dims"]}),
     _seen({"name": "FSDP unit: a module-level workspace, backward reusing forward's gather",
            "replace": FSDP_WORKSPACE_NOT_GATHERED_AGAIN,
            "loses": _UNIT, "visible_says": ["made or filled"]}),
