@@ -156,6 +156,12 @@ VARIANTS = [
                                                "dist.broadcast(p, src=0)")),
      "loses": ["broadcast_tests"],
      "visible": ["broadcast_tests"], "visible_says": ["rank 2's weights"]},
+    {"name": "only the parameters that require grad broadcast (a frozen one keeps its own)",
+     "replace": _edit("broadcast_parameters", (
+         "        for p in model.parameters():\n",
+         "        for p in (q for q in model.parameters() if q.requires_grad):\n")),
+     "loses": ["broadcast_tests"],
+     "visible": ["broadcast_tests"], "visible_says": ["dp.broadcast_frozen"]},
     # -- 3 dp_train_step ------------------------------------------------------------------------
     {"name": "sum of the gradients not divided by dp_size",
      "replace": _edit("dp_train_step", ("        p.grad /= world\n", "")),
@@ -285,6 +291,19 @@ VARIANTS = [
     {"name": "bucket ready once each .grad exists: zeroed gradients send every bucket at once",
      "replace": READY_BY_EXISTING_GRAD, "loses": ["overlapping_dp_tests"],
      "visible": ["overlapping_dp_tests"], "visible_says": ["dp.ready_by_hooks"]},
+    {"name": "a bucket sent when the hook of its last-listed parameter fires (no counting)",
+     "replace": _edit("overlapping_dp", (
+         "        self.pending[self.bucket_of[i]] -= 1\n",
+         "        b = self.bucket_of[i]\n"
+         "        if i == self.buckets[b][-1]:\n"
+         "            self.pending[b] = 0\n")),
+     "loses": ["overlapping_dp_tests"],
+     "visible": ["overlapping_dp_tests"], "visible_says": ["dp.buckets_incomplete"]},
+    {"name": "hooks on every parameter of the model, a frozen one too",
+     "replace": _edit("overlapping_dp", ("        for i, p in enumerate(self.params):\n",
+                                         "        for i, p in enumerate(self.model.parameters()):\n")),
+     "loses": ["overlapping_dp_tests"],
+     "visible": ["overlapping_dp_tests"], "visible_says": ["dp.frozen_parameter"]},
     {"name": "OverlappingDP: the bucket's sum divided by 2, the visible check's first world size",
      "replace": _edit("overlapping_dp", ("flat = self.flat[b] / self.world",
                                          "flat = self.flat[b] / 2")),
