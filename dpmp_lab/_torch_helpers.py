@@ -1,5 +1,6 @@
 """The idioms the modules share that need torch: the startup's objects frozen out of gc's sight,
-the tensors in a nested value, "is there a process group", a tensor or a group argument checked.
+the tensors in a nested value, "is there a process group", a tensor or a group argument checked
+(every group a library piece takes goes through resolve_group or member_group).
 (_helpers.py keeps those that do not, for the instructor's tools, which load no torch.) Imports
 nothing from dpmp_lab."""
 
@@ -75,6 +76,23 @@ def tensor_arg(x: object, what: str) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{what} must be a torch.Tensor, not {type(x).__name__}")
     return x
+
+
+def resolve_group(group: Any, who: str) -> dist.ProcessGroup:
+    """The process group to average over (None: every rank), checked for this rank."""
+    if not group_ready():
+        raise RuntimeError(f"{who} needs a process group: run it inside the ranks of "
+                           "dl.launch(...) (or after dist.init_process_group)")
+    if group is None:
+        return dist.group.WORLD
+    if group is dist.GroupMember.NON_GROUP_MEMBER:
+        raise ValueError(f"rank {dist.get_rank()} is not a member of the group given to {who}: "
+                         "dist.new_group hands non-members a placeholder; give every rank the "
+                         "group it belongs to (e.g. grid.dp_group)")
+    if not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"group must be a torch.distributed ProcessGroup or None, "
+                        f"not {type(group).__name__}")
+    return group
 
 
 def member_group(group: object, axis: str, kind: str, example: str) -> dist.ProcessGroup:

@@ -27,7 +27,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dpmp_lab.dp.replicas import check_same_everywhere, first_rank, resolve_group
+from dpmp_lab._torch_helpers import resolve_group
+from dpmp_lab.dp.replicas import check_same_everywhere, first_rank
 
 __all__ = ["DataParallel"]
 

@@ -1,5 +1,5 @@
-"""What every data-parallel scheme starts from: the process group to average over, and
-replicas that are identical on every rank of it.
+"""What every data-parallel scheme starts from: replicas that are identical on every rank of its
+group (the group itself: _torch_helpers.resolve_group).
 
 Replicas are made identical by broadcasting from the group's first rank; before that, one
 all_gather of a fingerprint refuses replicas of different shapes with a ValueError, where gloo
@@ -9,31 +9,11 @@ would abort the process with a native message.
 from __future__ import annotations
 
 import zlib
-from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from dpmp_lab._torch_helpers import group_ready
-
-__all__ = ["check_same_everywhere", "first_rank", "resolve_group"]
-
-
-def resolve_group(group: Any, who: str) -> dist.ProcessGroup:
-    """The process group to average over (None: every rank), checked for this rank."""
-    if not group_ready():
-        raise RuntimeError(f"{who} needs a process group: run it inside the ranks of "
-                           "dl.launch(...) (or after dist.init_process_group)")
-    if group is None:
-        return dist.group.WORLD
-    if group is dist.GroupMember.NON_GROUP_MEMBER:
-        raise ValueError(f"rank {dist.get_rank()} is not a member of the group given to {who}: "
-                         "dist.new_group hands non-members a placeholder; give every rank the "
-                         "group it belongs to (e.g. grid.dp_group)")
-    if not isinstance(group, dist.ProcessGroup):
-        raise TypeError(f"group must be a torch.distributed ProcessGroup or None, "
-                        f"not {type(group).__name__}")
-    return group
+__all__ = ["check_same_everywhere", "first_rank"]
 
 
 def first_rank(group: dist.ProcessGroup) -> int:

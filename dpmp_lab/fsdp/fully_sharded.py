@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dpmp_lab._torch_helpers import tensors_in
-from dpmp_lab.dp.replicas import check_same_everywhere, first_rank, resolve_group
+from dpmp_lab._torch_helpers import resolve_group, tensors_in
+from dpmp_lab.dp.replicas import check_same_everywhere, first_rank
 from dpmp_lab.fsdp import bookkeeping
 
 

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dpmp_lab._helpers import whole_number
-from dpmp_lab._torch_helpers import group_ready
+from dpmp_lab._torch_helpers import group_ready, resolve_group
 from dpmp_lab.context import device as rank_device
 from dpmp_lab.pp.schedules import Schedule, Span
 from dpmp_lab.pp.tables import make_schedule
@@ -108,7 +108,7 @@ class Stage:
                      what=f"the chunks of a rank holding {n_chunks} are 0..{n_chunks - 1}")
         params = [p for p in module.parameters() if p.is_floating_point()]
         self.module = module
-        self.group = pp_group if pp_group is not None else dist.group.WORLD
+        self.group = resolve_group(pp_group, "Stage")
         self.ranks: list[int] = dist.get_process_group_ranks(self.group)
         if dist.get_rank() not in self.ranks:
             raise ValueError(f"rank {dist.get_rank()} is not in the pipeline group "
