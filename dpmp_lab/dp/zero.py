@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dpmp_lab._torch_helpers import resolve_group
+from dpmp_lab.dp.flat import padded_flat, shard_size
 from dpmp_lab.dp.replicas import check_same_everywhere, first_rank
 
 __all__ = ["ShardedOptimizer", "ZeRO1Optimizer", "ZeRO2Optimizer"]
@@ -86,12 +87,9 @@ class _Sharded:
                             f"into one buffer; got {sorted(str(k) for k in kinds)}")
         check_same_everywhere(self.params, self.group, "parameters")
         self.numel = sum(p.numel() for p in self.params)
-        self.shard_size = -(-self.numel // self.group_size)          # ceil
-        like = self.params[0]
-        flat = torch.zeros(self.shard_size * self.group_size, dtype=like.dtype,
-                           device=like.device)
+        self.shard_size = shard_size(self.numel, self.group_size)
+        flat = padded_flat(self.params, self.group_size)
         with torch.no_grad():
-            self._pack(flat, [p.detach() for p in self.params])
             dist.broadcast(flat, src=first_rank(self.group), group=self.group)
             self._unpack(flat)
         self._hooks: list[Any] = []
@@ -231,13 +229,12 @@ class ZeRO2Optimizer(_Sharded):
         """Each parameter in a padded buffer of its own, chunk r of each this rank's shard; the
         flat vector that made the replicas identical is not kept."""
         n, r = self.group_size, self.group_rank
-        self.chunks = [-(-p.numel() // n) for p in self.params]
+        self.chunks = [shard_size(p.numel(), n) for p in self.params]
         self.chunk_offsets = [sum(self.chunks[:i]) for i in range(len(self.params))]
         self.shard_size = sum(self.chunks)
         self._padded: list[torch.Tensor] = []
-        for p, c in zip(self.params, self.chunks, strict=True):
-            padded = torch.zeros(c * n, dtype=p.dtype, device=p.device)
-            padded[:p.numel()] = p.detach().reshape(-1)
+        for p in self.params:
+            padded = padded_flat([p], n)
             p.data = padded[:p.numel()].view(p.shape)
             self._padded.append(padded)
         self.shard_chunks = [nn.Parameter(padded[r * c:(r + 1) * c])

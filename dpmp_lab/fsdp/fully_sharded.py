@@ -14,6 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dpmp_lab._torch_helpers import resolve_group, tensors_in
+from dpmp_lab.dp.flat import padded_flat, shard_size
 from dpmp_lab.dp.replicas import check_same_everywhere, first_rank
 from dpmp_lab.fsdp import bookkeeping
 
@@ -36,13 +37,10 @@ class Unit:
             self.offsets[id(p)] = self.numel
             self.numel += p.numel()
         self.layout = [(n, self.offsets[id(p)], p.shape) for n, p in params]
-        self.shard_size = -(-self.numel // self.size)          # ceil: the last shard is padded
+        self.shard_size = shard_size(self.numel, self.size)     # the last shard is padded
         self.padded = self.shard_size * self.size
-        flat = torch.zeros(self.padded, dtype=first.dtype, device=first.device)
+        flat = padded_flat([p for _, p in params], self.size)
         with torch.no_grad():
-            for _, p in params:
-                o = self.offsets[id(p)]
-                flat[o:o + p.numel()].copy_(p.detach().reshape(-1))
             dist.broadcast(flat, src=first_rank(group), group=group)
         lo = self.rank * self.shard_size
         self.shard = nn.Parameter(flat[lo:lo + self.shard_size].clone())
