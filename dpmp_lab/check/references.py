@@ -28,6 +28,7 @@ from typing import Any
 
 import dpmp_lab
 import dpmp_lab.integrity as integrity
+from dpmp_lab.i18n.messages import _
 
 __all__ = ["ReferenceSwitchedOff", "TP_COLLECTIVES", "references_off", "stand_ins",
            "standing_in", "switched_off", "with_references_off"]
@@ -141,8 +142,10 @@ class _Holders:
 
 
 def _refusal(label: str) -> str:
-    return (f"{label} is switched off here: this exercise is graded on your own code, so write "
-            "it yourself (the library's version is there to compare with afterwards)")
+    """The refusal's words, in the language of the moment it is switched off."""
+    return _("{label} is switched off here: this exercise is graded on your own code, so write "
+             "it yourself (the library's version is there to compare with afterwards)"
+             ).format(label=label)
 
 
 @contextlib.contextmanager

@@ -29,6 +29,7 @@ from torch import nn
 from dpmp_lab._helpers import whole_number
 from dpmp_lab._torch_helpers import group_ready, resolve_group
 from dpmp_lab.context import device as rank_device
+from dpmp_lab.i18n.messages import _
 from dpmp_lab.pp.schedules import Schedule, Span
 from dpmp_lab.pp.tables import make_schedule
 
@@ -97,8 +98,8 @@ class Stage:
             raise TypeError(f"the stage's module must be an nn.Module, not "
                             f"{type(module).__name__}")
         if not group_ready():
-            raise RuntimeError("a Stage talks to other ranks, so it must be built "
-                               "inside a rank (a function started by dl.launch)")
+            raise RuntimeError(_("a Stage talks to other ranks, so it must be built "
+                                 "inside a rank (a function started by dl.launch)"))
         shape = tuple(activation_shape)
         if not shape or not all(isinstance(d, int) and d >= 1 for d in shape):
             raise ValueError(f"activation_shape must be positive ints, e.g. (2, 16, 32), not "
@@ -111,8 +112,8 @@ class Stage:
         self.group = resolve_group(pp_group, "Stage")
         self.ranks: list[int] = dist.get_process_group_ranks(self.group)
         if dist.get_rank() not in self.ranks:
-            raise ValueError(f"rank {dist.get_rank()} is not in the pipeline group "
-                             f"{self.ranks}")
+            raise ValueError(_("rank {rank} is not in the pipeline group {ranks}").format(
+                rank=dist.get_rank(), ranks=self.ranks))
         self.index = self.ranks.index(dist.get_rank())     # this rank's row of the schedule
         self.n_stages = len(self.ranks)                      # ranks in the pipeline
         self.chunk, self.n_chunks = chunk, n_chunks
@@ -145,21 +146,24 @@ class Stage:
 
     def send_activation(self, out: torch.Tensor, microbatch: int) -> _Pending:
         if tuple(out.shape) != self.activation_shape or out.dtype != self.dtype:
-            raise ValueError(f"stage {self.model_stage} produced an activation of shape "
-                             f"{tuple(out.shape)} ({out.dtype}), but the stages agreed on "
-                             f"activation_shape={self.activation_shape} ({self.dtype}); fix "
-                             "activation_shape (micro-batch size = batch / n_microbatches)")
+            raise ValueError(_("stage {stage} produced an activation of shape {shape} "
+                               "({dtype}), but the stages agreed on activation_shape={agreed} "
+                               "({agreed_dtype}); fix activation_shape (micro-batch size = "
+                               "batch / n_microbatches)").format(
+                stage=self.model_stage, shape=tuple(out.shape), dtype=out.dtype,
+                agreed=self.activation_shape, agreed_dtype=self.dtype))
         return self._isend(out, self.next_rank,
                            self._tag(microbatch, self.model_stage + 1, "activation"))
 
     def send_grad(self, grad: torch.Tensor, microbatch: int) -> _Pending:
         if not isinstance(grad, torch.Tensor):
-            raise TypeError(
-                f"stage {self.model_stage}: send_grad got {type(grad).__name__} for micro-batch "
-                f"{microbatch}, not a tensor. The gradient of this stage's input is what "
-                "backward leaves in the input's .grad, and only an input that requires grad "
-                "collects one: the received activation does (recv_activation returns it so); "
-                "a copy, a detached view or a tensor made anew does not")
+            raise TypeError(_(
+                "stage {stage}: send_grad got {kind} for micro-batch {microbatch}, not a "
+                "tensor. The gradient of this stage's input is what backward leaves in the "
+                "input's .grad, and only an input that requires grad collects one: the "
+                "received activation does (recv_activation returns it so); a copy, a detached "
+                "view or a tensor made anew does not").format(
+                    stage=self.model_stage, kind=type(grad).__name__, microbatch=microbatch))
         return self._isend(grad, self.prev_rank,
                            self._tag(microbatch, self.model_stage - 1, "grad"))
 
@@ -333,10 +337,10 @@ def _checked_stages_and_schedule(stage: Stage | Sequence[Stage], schedule: Sched
         raise ValueError(f"the schedule runs {schedule.n_chunks} chunks per rank, but this rank "
                          f"passed {len(stages)} stage(s): one Stage per chunk")
     if schedule.n_stages == 1 and schedule.n_chunks > 1:
-        raise ValueError(f"{schedule.n_chunks} chunks on a pipeline of one rank: every chunk "
-                         "follows the one before on the same rank, so there is nothing to send "
-                         "between them; run the chunks as one module (one Stage), or use p >= 2 "
-                         "ranks")
+        raise ValueError(_("{chunks} chunks on a pipeline of one rank: every chunk follows the "
+                           "one before on the same rank, so there is nothing to send between "
+                           "them; run the chunks as one module (one Stage), or use p >= 2 "
+                           "ranks").format(chunks=schedule.n_chunks))
     return stages, schedule
 
 
@@ -350,9 +354,9 @@ def _checked_batch(stages: list[Stage], m: int, inputs: torch.Tensor | None,
     xs = _microbatches(inputs, m, "inputs") if inputs is not None else None
     ys = _microbatches(targets, m, "targets") if targets is not None else None
     if any(s.is_first for s in stages) and xs is None:
-        raise ValueError("the first stage needs the batch: pass inputs")
+        raise ValueError(_("the first stage needs the batch: pass inputs"))
     if any(s.is_last for s in stages) and (ys is None or loss_fn is None):
-        raise ValueError("the last stage computes the loss: pass targets and loss_fn")
+        raise ValueError(_("the last stage computes the loss: pass targets and loss_fn"))
     return xs, ys
 
 
@@ -372,7 +376,8 @@ def _microbatches(batch: torch.Tensor, m: int, name: str) -> list[torch.Tensor]:
         raise TypeError(f"{name} must be a tensor, not {type(batch).__name__}")
     if batch.dim() == 0 or batch.shape[0] % m:
         rows = batch.shape[0] if batch.dim() else 0
-        raise ValueError(f"{name} has {rows} rows, which do not split into {m} equal "
-                         "micro-batches: the mean of micro-batch losses would not be the "
-                         f"full-batch loss (use a batch divisible by {m})")
+        raise ValueError(_("{name} has {rows} rows, which do not split into {m} equal "
+                           "micro-batches: the mean of micro-batch losses would not be the "
+                           "full-batch loss (use a batch divisible by {m})").format(
+            name=name, rows=rows, m=m))
     return list(batch.chunk(m))
