@@ -105,14 +105,14 @@ def no_leaks(warm):
 @pytest.fixture(scope="session")
 def graded_class(tmp_path_factory) -> dict:
     """One class of 00_launch, honest learners and attackers, graded twice (grading_class.py):
-    shared by test_class_grading.py and test_grading_trust.py, it costs its minutes once."""
+    shared by test_class_grading.py and grading_trust.py, it costs its minutes once."""
     from .grading_class import grade_the_class  # it imports this file: no cycle at import
 
     return grade_the_class(tmp_path_factory.mktemp("class"))
 
 
 # Files that share a session fixture run on one pytest-xdist worker, so that it is built once.
-SHARED_WORKER = {"tests/test_grading_trust.py": "tests/test_class_grading.py"}
+SHARED_WORKER = {"tests/grading_trust.py": "tests/test_class_grading.py"}
 # The files whose fixtures grade for minutes start first, one per worker, and every other file
 # fills the time around them: started in the middle of the run (xdist orders the files largest
 # first, and the class's come after test_launch's and test_scan's), one could end the run alone

@@ -1,5 +1,5 @@
 """One class of 00_launch, graded the documented way, shared by tests/class_grading.py
-(grading a class: order, time limits, the report) and tests/test_grading_trust.py (every
+(grading a class: order, time limits, the report) and tests/grading_trust.py (every
 attack on the grader is harmless).
 
 The class: honest learners (the solution, the blank release, two wrong answers, a cell that

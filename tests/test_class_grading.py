@@ -423,3 +423,7 @@ def test_an_exercises_own_words_and_a_scale_hint_are_keyed():
         "scale.sum_over_ranks_not_divided")
     assert hints.keyed_scale_hint(4 * e, e, 1e-6, 1e-6, world=4)[1].startswith(
         "every element is 4x")
+
+
+# the trust tests grade on the same class; tests/grading_trust.py says why they are collected here
+from .grading_trust import *  # noqa: E402, F403

@@ -2,7 +2,7 @@
 decoded by an allowlist, every malformed input refused), which cell runs where (plan.py), and a
 call across (agent.py answering remote.py's requests in one process: handles, tensors changed
 in place, exceptions, the library's references switched off and the stand-ins put in).
-tests/test_course.py and tests/test_grading_trust.py grade through real kernels."""
+tests/test_course.py and tests/grading_trust.py grade through real kernels."""
 
 from __future__ import annotations
 

@@ -5,6 +5,11 @@ outside a job is read or changed, no attack earns a mark its answers do not, a w
 library is zeroed and flagged with its reason, every limit ends its own job and says so,
 nothing is left running or lying in the temp folder, and feedback is one HTML page without a
 hidden test, in any encoding the learner could print it in.
+
+Its tests run as tests/test_class_grading.py's, which imports them (and whose marks they take):
+both grade on the one class of conftest.graded_class, a session fixture of minutes, and
+pytest-xdist runs one test file's tests on one worker (--dist=loadfile), so the class is graded
+once.
 """
 
 from __future__ import annotations
@@ -41,10 +46,6 @@ from .grading_class import (
     tree_hash,
 )
 from .notebook_sources import source_notebook
-
-pytestmark = [pytest.mark.timeout(1500), pytest.mark.slow, pytest.mark.skipif(
-    sandbox.problem() is not None and os.environ.get("CI") != "true",
-    reason=f"the sandbox cannot run here: {sandbox.problem()}")]
 
 
 def _scores(root) -> dict[str, dict[str, tuple]]:
