@@ -323,7 +323,7 @@ def workers(rest: list[str]) -> list[str]:
     (tests/conftest.py's FIRST). A third worker, running those beside the fixtures, left fewer
     cores idle but gave 892 s and then 930 s for two workers' 901 and 906 s, and a test that
     times a hang failed under its load. Each file runs whole on one worker (tests/conftest.py's
-    scheduler)."""
+    collection order, with --dist=loadfile)."""
     chosen = any(a in ("-n", "--numprocesses", "no:xdist")
                  or a.startswith(("-n", "--numprocesses=")) for a in rest)
     return [] if chosen else ["-n", "2"]

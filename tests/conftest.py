@@ -6,7 +6,6 @@ import os
 import signal
 import time
 import warnings
-from collections import OrderedDict
 from pathlib import Path
 
 import pytest
@@ -105,14 +104,13 @@ def no_leaks(warm):
 @pytest.fixture(scope="session")
 def graded_class(tmp_path_factory) -> dict:
     """One class of 00_launch, honest learners and attackers, graded twice (grading_class.py):
-    shared by test_class_grading.py and grading_trust.py, it costs its minutes once."""
+    shared by test_class_grading.py and the tests it imports from grading_trust.py, one file
+    for xdist, so it costs its minutes once."""
     from .grading_class import grade_the_class  # it imports this file: no cycle at import
 
     return grade_the_class(tmp_path_factory.mktemp("class"))
 
 
-# Files that share a session fixture run on one pytest-xdist worker, so that it is built once.
-SHARED_WORKER = {"tests/grading_trust.py": "tests/test_class_grading.py"}
 # The files whose fixtures grade for minutes start first, one per worker, and every other file
 # fills the time around them: started in the middle of the run (xdist orders the files largest
 # first, and the class's come after test_launch's and test_scan's), one could end the run alone
@@ -124,28 +122,26 @@ FIRST = ("tests/test_course.py", "tests/test_class_grading.py", "tests/test_hub_
          "tests/test_browser.py", "tests/test_inert_pages.py", "tests/test_hybrid.py")
 
 
-def first_scopes_to_front(workqueue: OrderedDict) -> None:
-    """Move the scopes of FIRST to the front of xdist's queue of scopes, in FIRST's order."""
-    for scope in reversed(FIRST):
-        if scope in workqueue:
-            workqueue.move_to_end(scope, last=False)
+def file_of(item: pytest.Item) -> str:
+    """tests/<file>.py of a collected test, as FIRST names it."""
+    return item.nodeid.split("::", 1)[0]
 
 
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config, log):
-    """With pytest-xdist (the test command runs 2 workers) each test file runs whole on one
-    worker, so that a module's fixtures (a JupyterLab, a graded course) are built once, and
-    the files of one session fixture (the graded class) run on the same worker; FIRST's
-    files start first."""
-    from xdist.scheduler import LoadFileScheduling
+def scheduled_order(files: list[str]) -> list[str]:
+    """The files in the order they are handed to the workers: FIRST's, in its order, then the
+    others by their number of tests, most first, as xdist's own reordering would (`files`
+    has one entry per test), ties in collection order."""
+    counts = {f: files.count(f) for f in dict.fromkeys(files)}
+    rest = sorted((f for f in counts if f not in FIRST), key=lambda f: -counts[f])
+    return [f for f in FIRST if f in counts] + rest
 
-    class ByFile(LoadFileScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            scope = super()._split_scope(nodeid)
-            return SHARED_WORKER.get(scope, scope)
 
-        def _assign_work_unit(self, node) -> None:
-            first_scopes_to_front(self.workqueue)
-            super()._assign_work_unit(node)
-
-    return ByFile(config, log)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The collection in scheduled_order. With pytest-xdist (the test command runs 2 workers;
+    pyproject's addopts give `--dist=loadfile --no-loadscope-reorder`), each test file runs
+    whole on one worker, so that a module's fixtures (a JupyterLab, a graded course) are built
+    once, and the files go out in the collection's order. (`--dist=loadgroup` would let two
+    files share a worker, but pytest 9.2 broke it: pytest-xdist#1386; the class's two files
+    are one file for that reason, tests/grading_trust.py.)"""
+    rank = {f: i for i, f in enumerate(scheduled_order([file_of(i) for i in items]))}
+    items.sort(key=lambda item: rank[file_of(item)])   # stable: a file keeps its own order

@@ -576,28 +576,29 @@ def test_no_test_module_imports_another():
 
 
 def test_the_files_of_one_session_fixture_share_a_worker():
-    """The test command's workers run a file whole; the files that use the graded class (a
-    session fixture of minutes) must be one scope for the scheduler, or it is graded twice."""
-    from .conftest import SHARED_WORKER
-
+    """The test command's workers run a file whole (--dist=loadfile); the tests that use the
+    graded class (a session fixture of minutes) must be collected from one file, or it is
+    graded twice: one test file, which imports every test of the other modules that use it."""
     tests = PACKAGE_DIR.parent / "tests"
-    users = sorted(f"tests/{p.name}" for p in tests.glob("test_*.py")
+    users = sorted(p.name for p in tests.glob("*.py")
                    if any(isinstance(f, ast.FunctionDef) and "graded_class" in
                           [a.arg for a in f.args.args] for f in ast.walk(ast.parse(p.read_text()))))
-    assert users and {SHARED_WORKER.get(u, u) for u in users} == {users[0]}, users
+    collected = [name for name in users if name.startswith("test_")]
+    assert len(collected) == 1, users
+    tree = ast.parse((tests / collected[0]).read_text())
+    imported = {f"{n.module}.py" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                and n.level == 1 and [a.name for a in n.names] == ["*"]}
+    assert set(users) - set(collected) <= imported, (users, imported)
 
 
-def test_the_long_fixtures_start_first_and_the_rest_keep_their_order():
+def test_the_long_fixtures_start_first_and_the_rest_go_largest_first():
     """conftest.FIRST names files that exist (a rename would quietly put them back in the
-    middle of the run), and the scheduler moves them to the front of its queue."""
-    from collections import OrderedDict
-
-    from .conftest import FIRST, first_scopes_to_front
+    middle of the run), and the collection hands them out first, then the others by size."""
+    from .conftest import FIRST, scheduled_order
 
     assert all((PACKAGE_DIR.parent / name).is_file() for name in FIRST), FIRST
-    queue = OrderedDict((name, {}) for name in ("tests/b.py", *reversed(FIRST), "tests/c.py"))
-    first_scopes_to_front(queue)
-    assert list(queue) == [*FIRST, "tests/b.py", "tests/c.py"]
+    files = ["tests/b.py", *reversed(FIRST), "tests/c.py", "tests/c.py", FIRST[0]]
+    assert scheduled_order(files) == [*FIRST, "tests/c.py", "tests/b.py"]
 
 
 def test_render_imports_nothing_from_dpmp_lab():
