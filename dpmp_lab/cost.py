@@ -280,14 +280,12 @@ def pp_bubble(schedule: str, p: int, m: int, v: int = 1, *, t_f: float = 1.0,
 
 
 def pp_messages(p: int, m: int, v: int = 1) -> int:
-    """Point-to-point messages of one pipeline step, all ranks together: 2 m (v p - 1).
-
-    Each of the v p - 1 boundaries between consecutive model stages carries m activations
-    forward and m activation gradients back, each of pp_activation_bytes. Interleaving v chunks
-    per rank multiplies the boundaries, so the messages and bytes, by about v (Narayanan et al.
-    2021, Section 2.2.2: the price of the smaller bubble); GPipe, 1F1B and the
-    zero-bubble schedules send the same 2 m (p - 1) (W sends nothing). On one rank (p = 1)
-    every boundary lies on that rank: no message.
+    """Point-to-point messages of one pipeline step, all ranks together, for p ranks, m
+    micro-batches and v chunks per rank: an activation forward and its gradient back across
+    every boundary between consecutive model stages, for every micro-batch (W sends nothing).
+    Interleaving multiplies the boundaries (Narayanan et al. 2021, Section 2.2.2: the price of
+    its smaller bubble); notebook 10 asks you to count them, and the count is in the code below.
+    On one rank (p = 1) every boundary lies on that rank: no message.
     """
     for name, size in (("p", p), ("m", m), ("v", v)):
         whole_number(name, size)

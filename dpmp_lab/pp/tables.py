@@ -58,14 +58,11 @@ def interleaved_1f1b(p: int, m: int, n_chunks: int = 2, *, backward_cost: int = 
     """Interleaved 1F1B: rank r holds v = n_chunks chunks, model stages r, r + p, ... (Narayanan
     et al. 2021, Section 2.2.2; Megatron-LM's and torch's ScheduleInterleaved1F1B order).
 
-    Micro-batches go through the chunks in rounds of p: a rank's k-th forward is micro-batch
-    (k // (p v)) p + k % p through chunk (k // p) % v, its k-th backward the same with the
-    chunks counted down. Rank r warms up with (v - 1) p + 2 (p - 1 - r) forwards (all of them
-    when that is more), then alternates one F and one B, then cools down. Why m must be a
-    multiple of p: the order is counted in whole rounds of p micro-batches per chunk, and a
-    shorter last round would name micro-batches that do not exist (the paper's rule; torch's
-    version regroups m into rounds of m // (m // p) when that divides m, and Megatron-LM makes
-    the group size a setting, microbatch_group_size_per_vp_stage).
+    The table for p ranks, m micro-batches and v chunks per rank. m must be a multiple of p,
+    the paper's rule (torch's version regroups m into rounds of m // (m // p) when that
+    divides m, and Megatron-LM makes the group size a setting,
+    microbatch_group_size_per_vp_stage). Notebook 10 has you build this order from the paper's
+    idea; its construction is in the code below, for after you have.
     """
     _check_sizes(p, m)
     v = whole_number("n_chunks", n_chunks, at_least=2,
@@ -94,13 +91,10 @@ def interleaved_1f1b(p: int, m: int, n_chunks: int = 2, *, backward_cost: int = 
 
 
 def zb_h1(p: int, m: int, *, backward_cost: int = 1, weight_cost: int = 1) -> Schedule:
-    """ZB-H1 (Qi et al. 2024, Section 2.1, Figure 3 top): 1F1B with the backward split in two.
-
-    Each stage runs 1F1B's forwards and its B (input gradient) in 1F1B's order, so gradients
-    reach the previous stage sooner; stage s postpones its W (weight gradient) by s backwards
-    (W of micro-batch i after B of i + s) and runs the postponed ones at the end, where 1F1B's
-    drain idled. Every stage then holds at most p micro-batches between F and W, 1F1B's first
-    stage's peak, and the bubble is a third of 1F1B's when F, B and W take equal time.
+    """ZB-H1 (Qi et al. 2024, Section 2.1, Figure 3 top): 1F1B with the backward split in two,
+    B (the input gradient) and W (the weight gradient), run apart. Notebook 10 has you build a
+    table of it and work out what it holds and saves; the order this one uses is in the code
+    below, for after you have.
     """
     _check_sizes(p, m)
     stages = []
@@ -123,13 +117,11 @@ def zb_h2(p: int, m: int, *, backward_cost: int = 1, weight_cost: int = 1) -> Sc
     """ZB-H2 (Qi et al. 2024, Section 2.2, Figure 3 bottom): zero bubble for more memory.
 
     More forwards in the warm-up fill the wait for the first gradient, and W passes fill the
-    drain, so with equal F, B and W and m >= 2p - 1 each stage works without a pause from its
-    first action to its last: the pipeline's shape is a parallelogram, not 1F1B's trapezoid,
-    and steps run back to back leave no gap. The order is the one a simple rule gives on the
-    grid of equal steps: at each step a stage runs the B whose gradient has arrived, else the
-    next F if its input has arrived and the stage holds fewer than 2p - 1 micro-batches (F
-    done, W not), else its oldest pending W. That is the paper's peak, (2p - 1) M_B, against
-    1F1B's p M_B.
+    drain, so with equal F, B and W and enough micro-batches each stage works without a pause
+    from its first action to its last: the pipeline's shape is a parallelogram, not 1F1B's
+    trapezoid. The price is a higher peak of activations than 1F1B's, which notebook 10 asks
+    you to predict (the paper's Table 1 gives it); the rule that orders the actions is in the
+    code below.
     """
     _check_sizes(p, m)
     done: dict[tuple[str, int, int], int] = {}     # (kind, stage, micro-batch) -> end time
