@@ -205,6 +205,18 @@ def comm_failure(traces, expected, **kw) -> str:
     return str(info.value)
 
 
+def test_a_result_of_infinities_or_nans_is_no_multiple_of_the_reference():
+    """A buffer read before its collective filled it can hold inf or nan: the scale hint must
+    say nothing of it, not fail on it (an OverflowError reached a learner once)."""
+    from dpmp_lab.check.hints import Scale
+
+    for factor in (float("inf"), float("-inf"), float("nan"), 1e-320, 5e-324):
+        assert Scale(factor).whole is None
+    assert Scale(4.0).whole == 4 and Scale(0.25).whole == 4 and Scale(1.0).whole is None
+    with pytest.raises(CheckFailed):
+        dl.check.close(torch.full((3,), float("inf")), torch.ones(3), name="chunk")
+
+
 def test_comm_counts_calls_per_phase_whatever_the_collective():
     """An exercise that leaves the collective to the learner counts calls by phase (op None),
     so that its visible test names none."""

@@ -147,7 +147,7 @@ class Scale:
     def whole(self) -> int | None:
         """n when the factor is n or 1/n for a whole number n > 1, else None."""
         for n in (self.factor, 1 / self.factor) if self.factor else ():
-            if abs(n - round(n)) < 1e-3 and round(n) > 1:
+            if math.isfinite(n) and abs(n - round(n)) < 1e-3 and round(n) > 1:
                 return round(n)
         return None
 

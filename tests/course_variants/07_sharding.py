@@ -394,6 +394,12 @@ VARIANTS = [
     _seen({"name": "FSDP unit: a module-level workspace with a slot per layer",
            "replace": FSDP_WORKSPACE_SLOT_PER_LAYER,
            "loses": _UNIT, "visible_says": ["made or filled"]}),
+    _seen({"name": "FSDP unit: x and the shard kept as ctx attributes, not save_for_backward",
+           "replace": _edit("sharded_linear", (
+               "        ctx.save_for_backward(x, shard)          # not `full`: it is freed when we "
+               "return\n", "        ctx.x, ctx.shard = x, shard\n"), (
+               "        x, shard = ctx.saved_tensors\n", "        x, shard = ctx.x, ctx.shard\n")),
+           "loses": _UNIT, "visible_says": ["sharding.ctx_attribute"]}),
     {"name": "right: the list form of all_gather in forward",
      "replace": _edit("sharded_linear", (
          "        full = torch.empty(world * shard.numel(), dtype=shard.dtype, device=shard.device)\n"
@@ -465,6 +471,11 @@ VARIANTS = [
                "        return block(x)          # grad mode is off inside forward: nothing recorded",
                "        ctx.y = block(x)\n        return ctx.y")),
            "loses": _CKPT, "visible_says": ["keeps only its input"]}),
+    _seen({"name": "checkpoint: the input kept as a ctx attribute, not save_for_backward",
+           "replace": _edit("checkpoint", ("        ctx.save_for_backward(x)\n",
+                                           "        ctx.x = x\n"), (
+               "        (x,) = ctx.saved_tensors\n", "        x = ctx.x\n")),
+           "loses": _CKPT, "visible_says": ["sharding.ctx_attribute"]}),
     _seen({"name": "backward recomputes without recording, so nothing can be backpropagated",
            "replace": _edit("checkpoint", (
                "            with torch.enable_grad():\n                y = ctx.block(x)\n",
