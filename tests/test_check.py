@@ -441,10 +441,13 @@ def test_accumulation_sends_names_what_the_backwards_sent(warm):
                         ("first_sends", "went out in a backward before a step's last one")):
         with pytest.raises(dl.check.CheckFailed, match=words) as info:
             dl.check.accumulation_sends(traces[kind], 2, 3, n_buckets)
-        assert "On rank 0, the all_reduce calls of each backward (2 steps of 3" in str(info.value)
+        assert "On rank 0, the all_reduce calls of each backward (2 step(s) of 3" in str(
+            info.value)
         assert "expected" not in str(info.value)   # the failure states no pattern to copy
     with pytest.raises(dl.check.CheckFailed, match="dp.accumulation_sends"):
         dl.check.accumulation_sends(traces["right"], 2, 3, n_buckets + 1)
+    with pytest.raises(dl.check.CheckFailed, match="a step ran 3 backwards where it has 2 "):
+        dl.check.accumulation_sends(traces["right"], 2, 2, n_buckets)   # pieces of 2 rows
 
 
 # -- references switched off while the learner's own code is graded ---------------------------

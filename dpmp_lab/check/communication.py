@@ -22,6 +22,7 @@ from dpmp_lab.check.hints import (
     ACCUMULATION_EVERY_BACKWARD,
     ACCUMULATION_NEVER_SENT,
     ACCUMULATION_ONE_BACKWARD,
+    ACCUMULATION_PIECES,
     ACCUMULATION_SENDS,
     ACCUMULATION_SENT_EARLY,
     BLOCKING_HINT,
@@ -107,6 +108,8 @@ def accumulation_sends(traces: Any, steps: int, n_micro: int, n_buckets: int,
         lasts = sent[n_micro - 1::n_micro]
         if n_micro > 1 and len(sent) == steps:
             why = _(ACCUMULATION_ONE_BACKWARD).format(ran=len(sent) // steps, n_micro=n_micro)
+        elif len(sent) % steps == 0 and len(sent) != steps * n_micro:
+            why = _(ACCUMULATION_PIECES).format(ran=len(sent) // steps, n_micro=n_micro)
         elif not any(sent):
             why = _(ACCUMULATION_NEVER_SENT)
         elif sent == [n_buckets] * len(sent):
@@ -116,7 +119,7 @@ def accumulation_sends(traces: Any, steps: int, n_micro: int, n_buckets: int,
         else:
             why = _(ACCUMULATION_SENDS)
         raise CheckFailed(
-            _("On rank {rank}, the {op} calls of each backward ({steps} steps of {n_micro} "
+            _("On rank {rank}, the {op} calls of each backward ({steps} step(s) of {n_micro} "
               "micro-batches, the gradient in {n_buckets} buckets) were {sent}.").format(
                 rank=rank, op=op, steps=steps, n_micro=n_micro, n_buckets=n_buckets, sent=sent)
             + "\n" + _("Likely mistake: {hint}").format(hint=why))

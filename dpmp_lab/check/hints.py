@@ -111,6 +111,9 @@ ACCUMULATION_ONE_BACKWARD = N_(
     "backward. That is one large batch in pieces, with the memory of the whole shard; "
     "accumulation runs a backward per micro-batch, which frees that micro-batch's activations "
     "before the next forward. [hint: dp.accumulation_one_backward]")
+ACCUMULATION_PIECES = N_(
+    "a step ran {ran} backwards where it has {n_micro} micro-batches: the shard was cut into "
+    "{ran} pieces, not {n_micro}. [hint: dp.accumulation_pieces]")
 ACCUMULATION_NEVER_SENT = N_(
     "nothing was sent in any backward, so every rank stepped with its own gradient: a backward "
     "inside no_sync sends nothing, and finish_gradient_sync only completes what a backward "

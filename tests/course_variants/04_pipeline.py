@@ -516,6 +516,15 @@ VARIANTS = [
     {"name": "DP x PP: right numbers, reduced onto one replica and broadcast back",
      "replace": REDUCE_THEN_BROADCAST, "loses": ["dp_pp_comm_tests"],
      "visible": ["dp_pp_comm_tests"], "visible_says": ["pp.dp_sync_ops"]},
+    {"name": "DP x PP: right numbers, every replica's gradients gathered and summed by each",
+     "replace": _edit("dp_pp", (
+         "        dist.all_reduce(flat, group=grid.dp_group)      # SUM, then divide: runs on "
+         "every backend\n",
+         "        parts = [torch.empty_like(flat) for _ in range(grid.dp)]\n"
+         "        dist.all_gather(parts, flat, group=grid.dp_group)\n"
+         "        flat = torch.stack(parts).sum(0)\n")),
+     "loses": ["dp_pp_comm_tests"],
+     "visible": ["dp_pp_comm_tests"], "visible_says": ["dp.gather_then_sum"]},
     {"name": "DP x PP: right numbers, and one more all-reduce over the whole world",
      "replace": LOSS_AVERAGED_OVER_THE_WORLD_TOO, "loses": ["dp_pp_comm_tests"],
      "visible": ["dp_pp_comm_tests"], "visible_says": ["pp.dp_sync_group"]},
