@@ -14,7 +14,6 @@ from pathlib import Path
 from dpmp_lab import i18n
 from dpmp_lab._helpers import PACKAGE_HOME
 from dpmp_lab.instructor import course
-from dpmp_lab.instructor.grading_job import AUDIT_ENV
 from dpmp_lab.instructor.limits import Limits
 
 
@@ -45,22 +44,8 @@ def lab(args: argparse.Namespace) -> int:
     argv += args.extra
     print(f"starting JupyterLab on {directory}", flush=True)
     # the library's own messages in that language too, in every kernel it starts
-    env = {**os.environ, i18n.LANGUAGE_ENV: language}
-    if args.device_audit if args.device_audit is not None else learner_audit():
-        env[AUDIT_ENV] = "1"
-        print("no GPU here: every launch runs under the device audit, as the grader runs it "
-              "(--no-device-audit to turn it off)", flush=True)
-    os.execve(sys.executable, argv, env)
+    os.execve(sys.executable, argv, {**os.environ, i18n.LANGUAGE_ENV: language})
     return 0  # not reached
-
-
-def learner_audit() -> bool:
-    """Whether a learner's launches run under the device audit by default: where no GPU is
-    listed, as `dpmp-lab grade` grades them there, so that a tensor made without device= fails
-    the visible test before hand-in too (unless the environment already chose)."""
-    from dpmp_lab.launcher.nvidia import nvidia_smi
-
-    return AUDIT_ENV not in os.environ and nvidia_smi()[0] == 0
 
 
 def release(args: argparse.Namespace) -> int:
@@ -236,9 +221,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lang", choices=i18n.LANGUAGES, default=None,
                    help="the course and JupyterLab in this language (default: the language the "
                         "folder's notebooks were released in)")
-    p.add_argument("--device-audit", action=argparse.BooleanOptionalAction, default=None,
-                   help="every launch of the kernels under the device audit, as the grader "
-                        "runs them (default: on where nvidia-smi lists no GPU)")
     p.set_defaults(func=lab)
     p = sub.add_parser("release", help="regenerate course/ from solutions/ (nbgrader)")
     p.add_argument("names", nargs="*", help="assignments (default: all)")

@@ -41,7 +41,6 @@ from typing import Any
 from dpmp_lab import i18n
 from dpmp_lab.instructor import course, hub_supervisor
 from dpmp_lab.instructor.course import COURSE_ID
-from dpmp_lab.instructor.grading_job import AUDIT_ENV
 from dpmp_lab.instructor.hub_settings import (  # noqa: F401 (HubSettings: re-exported)
     PREFIX,
     HubConfigError,
@@ -199,9 +198,6 @@ def pre_spawn(settings: HubSettings, spawner: Any) -> None:
         "JUPYTER_CONFIG_PATH": str(settings.config_dir(role)),
         "PATH": bindir + os.pathsep + "/usr/local/bin:/usr/bin:/bin",
     }
-    spawner.environment.pop(AUDIT_ENV, None)
-    if not settings.gpus_for(user):     # as the grader audits where it has no GPU
-        spawner.environment[AUDIT_ENV] = "1"
     lab = i18n.lab_settings(language)   # JupyterLab's own words: its language pack
     spawner.args = [a for a in spawner.args if not a.startswith(APP_SETTINGS)] + (
         [] if lab is None else [f"{APP_SETTINGS}={lab}"])
