@@ -150,6 +150,12 @@ VARIANTS = [
                                             "    sgd_step(model, 0.1)\n")),
      "loses": ["accumulation_step_tests"],
      "visible": ["accumulation_step_tests"], "visible_says": ["dp.fixed_lr"]},
+    {"name": "allreduce_gradients_flat: every parameter's .grad taken, a frozen one's None too",
+     "replace": _edit("allreduce_gradients_flat", (
+         "    params = [p for p in model.parameters() if p.grad is not None]\n",
+         "    params = list(model.parameters())\n")),
+     "loses": ["allreduce_gradients_flat_tests"],
+     "visible": ["allreduce_gradients_flat_tests"], "visible_says": ["dp.frozen_parameter"]},
     # -- 2 broadcast_parameters -----------------------------------------------------------------
     {"name": "no broadcast at start: replicas keep their own initialisation",
      "replace": _edit("broadcast_parameters", ("dist.broadcast(p, src=src)", "pass")),
