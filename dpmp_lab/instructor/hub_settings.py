@@ -60,34 +60,33 @@ def server_gpus() -> tuple[str, ...]:
     return tuple(str(i) for i in range(count)) if done.returncode == 0 else ()
 
 
-def parse_gpu_map(text: str) -> dict[str, tuple[str, ...]]:
-    """`alice=0,1; bob=2` -> {"alice": ("0", "1"), "bob": ("2",)}: fixed GPUs for some users."""
+def _per_user(text: str, what: str, form: str, value) -> dict:
+    """`alice=X; bob=Y` -> {"alice": value("X"), "bob": value("Y")}; an entry without `=`,
+    or whose value `value` turns into None, is refused as not USER=`form`."""
     mapping = {}
     for entry in (e.strip() for e in text.split(";")):
         if not entry:
             continue
-        user, sep, gpus = entry.partition("=")
-        if not sep:
-            raise HubConfigError(f"{PREFIX}GPU_MAP: {entry!r} is not USER=GPU[,GPU...]")
-        [name] = _names(user, "GPU_MAP") or ("",)
-        mapping[name] = _gpu_ids(gpus, "GPU_MAP")
+        user, sep, given = entry.partition("=")
+        parsed = value(given.strip()) if sep else None
+        if parsed is None:
+            raise HubConfigError(f"{PREFIX}{what}: {entry!r} is not USER={form}")
+        [name] = _names(user, what) or ("",)
+        mapping[name] = parsed
     return mapping
+
+
+def parse_gpu_map(text: str) -> dict[str, tuple[str, ...]]:
+    """`alice=0,1; bob=2` -> {"alice": ("0", "1"), "bob": ("2",)}: fixed GPUs for some users."""
+    return _per_user(text, "GPU_MAP", "GPU[,GPU...]", lambda g: _gpu_ids(g, "GPU_MAP"))
 
 
 def parse_language_map(text: str) -> dict[str, str]:
     """`alice=ja; bob=ja` -> {"alice": "ja", "bob": "ja"}: the course's language for some
     users, where it is not the hub's LANGUAGE."""
-    mapping = {}
-    for entry in (e.strip() for e in text.split(";")):
-        if not entry:
-            continue
-        user, sep, language = (part.strip() for part in entry.partition("="))
-        if not sep or language not in LANGUAGES:
-            raise HubConfigError(f"{PREFIX}LANGUAGE_MAP: {entry!r} is not USER=LANGUAGE, the "
-                                 f"language one of {', '.join(LANGUAGES)}")
-        [name] = _names(user, "LANGUAGE_MAP") or ("",)
-        mapping[name] = language
-    return mapping
+    return _per_user(text, "LANGUAGE_MAP",
+                     f"LANGUAGE, the language one of {', '.join(LANGUAGES)}",
+                     lambda language: language if language in LANGUAGES else None)
 
 
 @dataclass(frozen=True)
@@ -147,10 +146,7 @@ class HubSettings:
         if self.gpus_per_user < 1 or (self.gpus and self.gpus_per_user > len(self.gpus)):
             raise HubConfigError(f"{PREFIX}GPUS_PER_USER={self.gpus_per_user}: between 1 and "
                                  f"the server's {len(self.gpus)} GPUs")
-        unknown = sorted(set(self.gpu_map) - set(self.users))
-        if unknown:
-            raise HubConfigError(f"{PREFIX}GPU_MAP names no user of the course: "
-                                 f"{', '.join(unknown)}")
+        self._only_users(self.gpu_map, "GPU_MAP")
         missing = sorted({g for gs in self.gpu_map.values() for g in gs} - set(self.gpus))
         if missing:
             raise HubConfigError(f"{PREFIX}GPU_MAP: no such GPU on this server: "
@@ -158,14 +154,17 @@ class HubSettings:
         if self.language not in LANGUAGES:
             raise HubConfigError(f"{PREFIX}LANGUAGE={self.language!r}: one of "
                                  f"{', '.join(LANGUAGES)}")
-        unknown = sorted(set(self.language_map) - set(self.users))
-        if unknown:
-            raise HubConfigError(f"{PREFIX}LANGUAGE_MAP names no user of the course: "
-                                 f"{', '.join(unknown)}")
+        self._only_users(self.language_map, "LANGUAGE_MAP")
         if self.password is not None and len(self.password) < 8:
             raise HubConfigError(f"{PREFIX}PASSWORD: at least 8 characters")
         if not os.access(self.python, os.X_OK):
             raise HubConfigError(f"{PREFIX}PYTHON={self.python} is not a program")
+
+    def _only_users(self, mapping: Mapping[str, object], what: str) -> None:
+        unknown = sorted(set(mapping) - set(self.users))
+        if unknown:
+            raise HubConfigError(f"{PREFIX}{what} names no user of the course: "
+                                 f"{', '.join(unknown)}")
 
     @property
     def users(self) -> tuple[str, ...]:
