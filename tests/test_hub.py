@@ -11,6 +11,7 @@ import json
 import os
 import pwd
 import runpy
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -165,9 +166,11 @@ def test_pre_spawn_opens_each_users_course_in_their_language(tmp_path):
     assert settings(tmp_path, language="ja").language_for("ada") == "ja"
 
 
-def fake_release(folder: Path, language: str) -> None:
+def fake_release(folder: Path, language: str, grade_id: str = "answer") -> None:
     folder.mkdir(parents=True)
     nb = nbformat.v4.new_notebook(metadata={"dpmp_lab": {"language": language}})
+    nb.cells.append(nbformat.v4.new_code_cell("x = 1", metadata={"nbgrader": {
+        "grade_id": grade_id, "points": 1, "grade": True, "solution": True}}))
     nbformat.write(nb, folder / "00_launch.ipynb")
     (folder / "data.txt").write_text(language)
 
@@ -210,6 +213,13 @@ def test_the_exchange_gives_each_learner_the_assignment_in_their_language(tmp_pa
              DPMP_LAB_LANG="ja")
     assert nbformat.read(mine / "00_launch.ipynb", as_version=4).metadata == {"mine": True}
     assert (mine / "data.txt").is_file() and not (mine / ".translations").exists()
+    # a translation written from an older release (other graded cells) is not released
+    shutil.rmtree(root / "course-ja")
+    fake_release(root / "course-ja" / "00_launch", "ja", grade_id="older")
+    nbgrader("release_assignment", "00_launch", "--force", f"--CourseDirectory.root={root}",
+             "--CourseDirectory.release_directory=course", "--Exchange.path_includes_course=False",
+             f"--ExchangeFactory.release_assignment={hub.TRANSLATED_RELEASE}", cwd=root)
+    assert not (released / ".translations").exists()
 
 
 def test_the_config_file_sets_up_the_hub_and_says_when_the_proxy_is_missing(

@@ -23,6 +23,7 @@ notebook, graded in the language it was released in, and leaves the hidden folde
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import shutil
@@ -99,10 +100,28 @@ class TranslatedRelease(ExchangeReleaseAssignment):
         root, name = Path(self.coursedir.root), self.coursedir.assignment_id
         for language in messages.LANGUAGES:
             translated = release_folder(root, language) / name
-            if language != messages.SOURCE and translated.is_dir():
-                shutil.copytree(translated, Path(dest) / TRANSLATIONS / language,
-                                ignore=shutil.ignore_patterns(*self.coursedir.ignore))
-                self.log.info(f"with its translation: {translated}")
+            if language == messages.SOURCE or not translated.is_dir():
+                continue
+            if graded_cells(translated) != graded_cells(Path(src)):
+                self.log.warning(f"not released with it: {translated}, whose graded cells are "
+                                 f"not those of {src} (written from an older release: run "
+                                 f"`dpmp-lab release {name} --lang {language}`)")
+                continue
+            shutil.copytree(translated, Path(dest) / TRANSLATIONS / language,
+                            ignore=shutil.ignore_patterns(*self.coursedir.ignore))
+            self.log.info(f"with its translation: {translated}")
+
+
+def graded_cells(folder: Path) -> dict[str, list[tuple]]:
+    """{notebook: its cells' grade ids and points}: what a translation must share with the
+    release it was written from, or the gradebook would grade another notebook."""
+    out = {}
+    for path in sorted(folder.glob("*.ipynb")):
+        cells = json.loads(path.read_text(encoding="utf-8")).get("cells", [])
+        out[path.name] = [(c.get("metadata", {}).get("nbgrader", {}).get("grade_id"),
+                           c.get("metadata", {}).get("nbgrader", {}).get("points"))
+                          for c in cells if c.get("metadata", {}).get("nbgrader")]
+    return out
 
 
 class LanguageFetch(ExchangeFetchAssignment):
