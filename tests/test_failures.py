@@ -65,7 +65,7 @@ def dump(main_frames: list[str], *, with_launcher: bool = True) -> str:
         f"Current thread 0x{MAIN_THREAD:016x} (most recent call first):",
         *main_frames,
         *(launcher if with_launcher else []),
-    ])
+    ]) + "\n"
 
 
 IN_ALL_REDUCE = [f'  File "{C10D}", line 2801 in all_reduce',
@@ -102,6 +102,18 @@ def test_a_dump_is_complete_once_the_launchers_frames_arrived():
     assert not dump_complete(dump(IN_ALL_REDUCE, with_launcher=False)[:120], MAIN_THREAD)
     # caught in the launcher's own code: nothing of the learner's to show yet
     assert not dump_complete(dump([]), MAIN_THREAD)
+
+
+def test_a_dump_read_while_the_main_threads_block_is_still_written_is_not_complete():
+    # the launcher's listening thread also stands in the launcher's own frames, and comes first;
+    # a read that ends inside the main thread's first line once made a frame without a name
+    listener = (f"Thread 0x{OTHER_THREAD:016x} (most recent call first):\n"
+                f'  File "{worker.__file__}", line 345 in listen\n\n')
+    whole = listener + dump(IN_ALL_REDUCE).split("\n\n", 1)[1]
+    cut = whole[:whole.index(" in all_reduce") + len(" in ")]
+    assert not dump_complete(cut, MAIN_THREAD) and stack_from_dump(cut, MAIN_THREAD) == ""
+    assert dump_complete(whole, MAIN_THREAD)
+    assert "in all_reduce" in stack_from_dump(whole, MAIN_THREAD)
 
 
 def test_where_stuck_prefers_the_dump_then_the_reported_traceback():

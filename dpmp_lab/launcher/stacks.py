@@ -26,17 +26,7 @@ def stack_from_dump(dump: str, main_thread: int | None) -> str:
     tracebacks the other way round, with the code shown, so reverse it and add the source
     (notebook cells included: the kernel's linecache has them).
     """
-    blocks: dict[int | None, list[str]] = {}
-    current: int | None = None
-    for line in dump.splitlines():
-        head = _DUMP_THREAD.match(line)
-        if head:
-            current = int(head.group(1), 16)
-            blocks[current] = []
-        elif _DUMP_FRAME.match(line):
-            blocks.setdefault(current, []).append(line)
-    frames = list(reversed(blocks.get(main_thread) or next(iter(blocks.values()), [])))
-    parsed = [_DUMP_FRAME.match(line) for line in frames]
+    parsed = list(reversed(_main_frames(dump, main_thread)))
     # Everything up to the launcher's own frames is process start-up: show what came after.
     starts = [i for i, m in enumerate(parsed) if m.group("file") == worker.__file__]
     parsed = parsed[starts[-1] + 1:] if starts else parsed
@@ -53,9 +43,39 @@ def stack_from_dump(dump: str, main_thread: int | None) -> str:
 
 
 def dump_complete(dump: str, main_thread: int | None) -> bool:
-    """Whether a hung rank's dump has arrived whole: it ends with the launcher's frames, and
-    shows where the rank waited."""
-    return worker.__file__ in dump and bool(stack_from_dump(dump, main_thread))
+    """Whether a hung rank's dump has arrived whole: its main thread's stack reaches down to
+    the launcher's frames, and shows where the rank waited.
+
+    The dump comes through a pipe while faulthandler still writes it, a few bytes at a time,
+    and another thread of the rank (the one listening to the launcher) has the launcher's
+    frames too: only the main thread's own block says it is all there.
+    """
+    blocks = _thread_blocks(dump)
+    frames = blocks.get(main_thread, []) if main_thread is not None else _main_frames(dump, None)
+    return (any(m.group("file") == worker.__file__ for m in frames)
+            and bool(stack_from_dump(dump, main_thread)))
+
+
+def _main_frames(dump: str, main_thread: int | None) -> list[re.Match]:
+    """The main thread's frames, most recent call first; the first thread's when the dump has
+    no block of the main thread."""
+    blocks = _thread_blocks(dump)
+    return blocks.get(main_thread) or next(iter(blocks.values()), [])
+
+
+def _thread_blocks(dump: str) -> dict[int | None, list[re.Match]]:
+    """Each thread's frames, from the dump's whole lines (a dump read midway ends inside one)."""
+    blocks: dict[int | None, list[re.Match]] = {}
+    current: int | None = None
+    for line in dump[:dump.rfind("\n") + 1].splitlines():
+        head = _DUMP_THREAD.match(line)
+        frame = _DUMP_FRAME.match(line)
+        if head:
+            current = int(head.group(1), 16)
+            blocks[current] = []
+        elif frame:
+            blocks.setdefault(current, []).append(frame)
+    return blocks
 
 
 # -- what the innermost frames say a hung rank waited in ------------------------------------
