@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dpmp_lab.harness.cells import EVERYTHING, cell_names, cells_to_rerun
+from dpmp_lab.harness.cells import EVERYTHING, cell_names, cells_to_rerun, read_cells
 
 
 def test_names_read_and_bound_through_magics_defs_and_lambdas():
@@ -70,6 +70,21 @@ def test_a_function_defined_and_launched_in_one_cell_reads_what_its_body_reads()
     assert cells_to_rerun(cells, {0}) == {0, 1}
 
 
+def test_a_cell_that_only_defines_does_not_read_what_its_functions_call():
+    # 03's layers: MyMLP names MyLinear in a body, which calls f when used, not when defined
+    cells = ["def f(x):\n    return x",
+             "class MyLinear:\n    def forward(self, x: Width = 1):\n        return f(x)\n\n"
+             "class MyMLP:\n    def __init__(self):\n        self.fc = MyLinear()",
+             "MyMLP().fc.forward(1)",
+             "Width = int"]
+    assert {"MyLinear", "f"}.isdisjoint(cell_names(cells[1]).reads)
+    reads = read_cells(cells).reads
+    assert "f" not in reads[1] and "f" in reads[2]
+    # an annotation is read where the function is defined
+    assert "Width" in cell_names(cells[1]).reads
+    assert "MyLinear" in cell_names("class MyLinear:\n    pass\n\nlayer = MyLinear()").reads
+
+
 def test_names_a_block_binds_before_reading_them_are_not_read_from_earlier_cells():
     names = cell_names("for tp, (seed, *rest) in ((2, (0,)),):\n    check(tp, seed, rest)\n"
                        "with open(p) as f:\n    text = f.read()\n"
@@ -99,3 +114,16 @@ def test_a_called_function_that_writes_the_namespace_spoils_every_later_cell():
     cells[4] = "with swap(z=3):\n    pass"
     assert cells_to_rerun(cells, {3}) == {3, 4, 5, 6}
     assert cells_to_rerun(cells, {3}, swaps=frozenset({"swap"})) == {3}
+
+
+def test_names_a_cell_uses_only_under_a_swap_are_not_read_by_it():
+    # 03's tests of Exercise 3 launch with the library's f standing in for the learner's
+    cells = ["def f(x):\n    return x",
+             "class Layer:\n    def forward(self, x):\n        return f(x) + g(x)",
+             "def g(x):\n    return x",
+             "with stand_ins(f=library_f):\n    Layer().forward(1)",
+             "print(2)"]
+    assert cells_to_rerun(cells, {0}) == {0, 1, 2, 3}
+    assert cells_to_rerun(cells, {0}, stood_in={3: frozenset({"f"})}) == {0}
+    # what the cell reads through other names is still read
+    assert cells_to_rerun(cells, {2}, stood_in={3: frozenset({"f"})}) == {2, 3}

@@ -9,9 +9,10 @@ reads the names its body reads; a loop's target, a `with`'s name and an `except`
 bound where their block reads them. A cell that reaches the whole namespace (globals(), exec,
 eval, vars, `global`, the shell's user_ns), itself or through a function it calls, re-runs
 always, and one that may write it spoils every name, unless the function is a swap that puts
-back what it replaced (the caller names those). Skipped cells
-are assumed to do again what they did in the solution's run; a cell that must re-run and reads
-a name a skipped cell between bound or changed makes that cell run too.
+back what it replaced (the caller names those); a cell does not read a name it uses only while
+such a swap holds another value under it (the caller names those cells and names). Skipped
+cells are assumed to do again what they did in the solution's run; a cell that must re-run and
+reads a name a skipped cell between bound or changed makes that cell run too.
 
 What no reading of names sees (state outside the namespace: files, torch's global settings,
 an object that keeps a callback) can make a skipping run differ from a full one. The grading
@@ -29,6 +30,7 @@ import ast
 import dataclasses
 import functools
 import symtable
+from collections.abc import Mapping
 
 from IPython.core.inputtransformer2 import TransformerManager
 
@@ -90,8 +92,12 @@ def _loads_now(node: ast.AST) -> set[str]:
     defaults (its body runs later), a lambda's or a comprehension's body less its own names,
     a class's body."""
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        params = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs,
+                  node.args.vararg, node.args.kwarg]
         now = [*node.decorator_list, *node.args.defaults,
-               *[d for d in node.args.kw_defaults if d]]
+               *[d for d in node.args.kw_defaults if d],
+               *[p.annotation for p in params if p is not None and p.annotation is not None],
+               *([node.returns] if node.returns else [])]
         return set().union(*(_loads_now(n) for n in now))
     if isinstance(node, ast.Lambda):
         params = {a.arg for a in [*node.args.posonlyargs, *node.args.args,
@@ -310,9 +316,9 @@ def cell_names(source: str) -> CellNames:
                 inside[name] = inside.get(name, frozenset()) | frozenset(used)
         # a function this cell defines and then calls (or hands to dl.launch) reads what its
         # body reads (cells_to_rerun follows the name), although the ordered reading sees the
-        # name bound first
-        reads |= set(inside) & {n.id for n in ast.walk(tree)
-                                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        # name bound first; named only inside another function's body, it is read when that
+        # one is called, through that one's reads
+        reads |= set(inside) & set().union(*(_loads_now(stmt) for stmt in tree.body))
     if reads & _WHOLE_NAMESPACE:   # now; a function's body that does it does so when called
         trees = [ast.parse(code) for code in codes]
         if any(_namespace_writes(tree) for tree in trees):
@@ -340,12 +346,15 @@ class Reading:
 
 
 def read_cells(sources: list[str | None], immutable: frozenset[str] = frozenset(),
-               swaps: frozenset[str] = frozenset()) -> Reading:
+               swaps: frozenset[str] = frozenset(),
+               stood_in: Mapping[int, frozenset[str]] | None = None) -> Reading:
     """`sources` read (None marks a cell that is not code). `immutable`: names whose values no
     cell can change in place (ints, strings, modules, as the solution's kernel holds them).
     `swaps`: functions that use the namespace only to put other values under names their
     caller gives while a block runs, and put the old ones back (a notebook's "the library's
-    pieces stand in for yours"): calling one reaches no name through the namespace."""
+    pieces stand in for yours"): calling one reaches no name through the namespace.
+    `stood_in`: {cell index: names that cell uses only while a swap puts other values under
+    them}: the cell reads neither those names nor, through them, what their bodies read."""
     names = [cell_names(s) if s is not None else None for s in sources]
     code = [i for i, n in enumerate(names) if n is not None]
     # never changed in place by a cell that reads them: names only ever bound by import, def
@@ -364,9 +373,10 @@ def read_cells(sources: list[str | None], immutable: frozenset[str] = frozenset(
 
     def deep_reads(i: int) -> set[str]:
         out, todo = set(), list(names[i].reads)
+        elsewhere = (stood_in or {}).get(i, frozenset())
         while todo:
             name = todo.pop()
-            if name not in out:
+            if name not in out and name not in elsewhere:
                 out.add(name)
                 todo.extend(bodies.get(name, ()))
         return out | ({EVERYTHING} if out & (_WHOLE_NAMESPACE | {WRITES}) else set())
@@ -385,12 +395,13 @@ def spoils(reads: set[str], dirty: set[str]) -> bool:
 
 def cells_to_rerun(sources: list[str | None], changed: set[int],
                    immutable: frozenset[str] = frozenset(),
-                   swaps: frozenset[str] = frozenset()) -> set[int]:
+                   swaps: frozenset[str] = frozenset(),
+                   stood_in: Mapping[int, frozenset[str]] | None = None) -> set[int]:
     """Indices of the code cells after the first changed one that a run with `changed` cells
     replaced must execute (the changed ones included), read from the sources alone: any name
-    a re-run cell reads may have changed (read_cells for `immutable` and `swaps`)."""
+    a re-run cell reads may have changed (read_cells for `immutable`, `swaps`, `stood_in`)."""
     start = min(changed)
-    reading = read_cells(sources, immutable, swaps)
+    reading = read_cells(sources, immutable, swaps, stood_in)
     code, reads, touches, fixed = reading.code, reading.reads, reading.touches, reading.fixed
     run: set[int] = set()
     dirty: set[str] = set()
