@@ -398,6 +398,59 @@ def changed_cells(name: str, variant: dict) -> set[int]:
 NAMESPACE_SWAPS = {"03_tensor_parallel": frozenset({"library_versions"}),
                    "09_context_parallel": frozenset({"library_pieces"})}
 
+# Test cells whose every launch puts the library's versions of earlier exercises' pieces under
+# the learner's names, {notebook: {grade id: the notebook's dict of those stand-ins}}: 03's
+# tests of Exercises 3 and 4 launch through launch_graded(..., library=...). A change to those
+# pieces cannot reach such a cell, so a variant of Exercise 2 does not re-run the tests of 3
+# and 4 (cells_to_rerun's `stood_in`; about 90 s of the suite). Checked by
+# test_every_launch_of_a_cell_counting_on_stand_ins_has_them.
+STOOD_IN = {"03_tensor_parallel": {"mlp_tests": "LIBRARY_F_AND_G",
+                                   "mlp_comm_tests": "LIBRARY_F_AND_G",
+                                   "attention_tests": "LIBRARY_LAYERS",
+                                   "attention_comm_tests": "LIBRARY_LAYERS"}}
+LAUNCH_WITH_STAND_INS = "launch_graded"   # its `library=`: {notebook name: the library's}
+
+
+def _notebook_trees(name: str) -> list[tuple[str | None, ast.Module]]:
+    """(grade id, parsed source) of each code cell of `name` that parses."""
+    out = []
+    for cell in source_notebook(name).cells:
+        if cell.cell_type == "code":
+            try:
+                out.append((cell.metadata.get("nbgrader", {}).get("grade_id"),
+                            ast.parse(cell.source)))
+            except SyntaxError:   # a cell that starts with a magic
+                continue
+    return out
+
+
+def _literal_dict_keys(name: str) -> dict[str, frozenset[str]]:
+    """The notebook's dicts written as literals at a cell's top level, by name: their string
+    keys, a `**OTHER` inside one counting OTHER's."""
+    literals = {node.targets[0].id: node.value for _, tree in _notebook_trees(name)
+                for node in tree.body if isinstance(node, ast.Assign)
+                and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                and isinstance(node.value, ast.Dict)}
+
+    def keys(dict_name: str) -> frozenset[str]:
+        out: set[str] = set()
+        for key, value in zip(literals[dict_name].keys, literals[dict_name].values, strict=True):
+            if key is None and isinstance(value, ast.Name) and value.id in literals:
+                out |= keys(value.id)
+            elif isinstance(key, ast.Constant) and isinstance(key.value, str):
+                out.add(key.value)
+        return frozenset(out)
+    return {n: keys(n) for n in literals}
+
+
+@functools.cache
+def stood_in(name: str) -> dict[int, frozenset[str]]:
+    """STOOD_IN as cells_to_rerun takes it: {cell index: the names stood in there}."""
+    ids = [c.metadata.get("nbgrader", {}).get("grade_id") for c in source_notebook(name).cells]
+    found = _literal_dict_keys(name)
+    return {ids.index(cell): found[dict_name]
+            for cell, dict_name in STOOD_IN.get(name, {}).items()}
+
 
 # Cells that read the whole namespace (globals(), vars(), ...; a function they call counts):
 # after any change before them they always run again in a variant's grading, so each is a
@@ -436,14 +489,47 @@ def test_the_namespace_swaps_are_the_notebooks_own_and_put_back_what_they_replac
             assert swaps and yields, f"{name}'s {helper} is not a swap through stand_ins"
 
 
-def _cells_skipped(name: str, variant: dict) -> int:
+def test_every_launch_of_a_cell_counting_on_stand_ins_has_them():
+    """Each cell of STOOD_IN launches only through LAUNCH_WITH_STAND_INS, itself or through
+    the notebook's functions it calls, and every such launch is given the declared stand-ins
+    (or a dict holding them all); a launch without them would run the learner's pieces, which
+    a variant then changes without the cell running again."""
+    for name, cells in STOOD_IN.items():
+        trees = _notebook_trees(name)
+        functions = {node.name: node for _, tree in trees for node in tree.body
+                     if isinstance(node, ast.FunctionDef)}
+        dicts = _literal_dict_keys(name)
+        assert LAUNCH_WITH_STAND_INS in functions, f"{name} defines no {LAUNCH_WITH_STAND_INS}"
+        for cell, dict_name in cells.items():
+            tree = next((t for grade_id, t in trees if grade_id == cell), None)
+            assert tree is not None and dicts.get(dict_name), f"{name}: {cell}, {dict_name}"
+            launches, seen, todo = [], set(), [tree]
+            while todo:
+                for call in (n for n in ast.walk(todo.pop()) if isinstance(n, ast.Call)):
+                    called = ast.unparse(call.func)
+                    if called in (LAUNCH_WITH_STAND_INS, "dl.launch"):
+                        launches.append(call)
+                    elif called in functions and called not in seen:
+                        seen.add(called)
+                        todo.append(functions[called])
+            assert launches, f"{name}'s {cell} launches nothing: nothing stands in"
+            for call in launches:
+                given = next((k.value for k in call.keywords if k.arg == "library"), None)
+                assert ast.unparse(call.func) == LAUNCH_WITH_STAND_INS and isinstance(
+                    given, ast.Name) and dicts.get(given.id, frozenset()) >= dicts[dict_name], (
+                    f"{name}'s {cell}: {ast.unparse(call)} runs without {dict_name}")
+
+
+def _cells_skipped(name: str, variant: dict, stand_ins: bool = True) -> int:
     """How many code cells after its first change the one-job grading of `variant` skips,
-    reading the notebook alone (comparing values in the kernel makes it skip more)."""
+    reading the notebook alone (comparing values in the kernel makes it skip more); without
+    counting on STOOD_IN, when not `stand_ins`."""
     sources = _code_sources(with_replacements(source_notebook(name), variant["replace"]))
     changed = changed_cells(name, variant)
     after = [i for i, src in enumerate(sources) if src is not None and i >= min(changed)]
     return len(after) - len(cells_to_rerun(sources, changed,
-                                           swaps=NAMESPACE_SWAPS.get(name, frozenset())))
+                                           swaps=NAMESPACE_SWAPS.get(name, frozenset()),
+                                           stood_in=stood_in(name) if stand_ins else None))
 
 
 HANDS_OVER = {"on_learners_side", "stand_ins"}   # dl.check's ways to run a test's own code there
@@ -474,11 +560,16 @@ def by_nbgrader(name: str) -> list[int]:
     and, in a notebook whose tests hand the learner's side code of their own, of the others
     the one whose one-job grading skips the most cells. (Elsewhere the solution and the blank
     release show nbgrader's grading: every test cell of a notebook passes and fails there as
-    in the one-job grading; the class of tests/grading_class.py grades 00's wrong answers.)"""
+    in the one-job grading; the class of tests/grading_class.py grades 00's wrong answers.)
+    Where the notebook's tests count on stand-ins (STOOD_IN), the one that skips the most
+    cells thanks to them: nbgrader then shows the cells skipped for them pass."""
     flagged = [i for i, v in enumerate(variants(name)) if writes_into_the_grader(name, v)]
     others = [i for i in range(len(variants(name))) if i not in flagged]
-    sample = max(others, key=lambda i: (_cells_skipped(name, variants(name)[i]), -i),
-                 default=None)
+
+    def skips(i: int) -> tuple[int, int, int]:
+        skipped = _cells_skipped(name, variants(name)[i])
+        return skipped - _cells_skipped(name, variants(name)[i], stand_ins=False), skipped, -i
+    sample = max(others, key=skips, default=None)
     if not hands_over_its_own_code(name):
         sample = None
     return sorted(flagged + ([] if sample is None else [sample]))
@@ -774,7 +865,8 @@ async def _grade_in_one_job(name: str) -> dict[str, KernelGrade]:
         take the solution's values again, and the cell after it sees the solution's random
         state."""
         reading = read_cells([c.source if c.cell_type == "code" else None for c in cells],
-                             swaps=NAMESPACE_SWAPS.get(name, frozenset()))
+                             swaps=NAMESPACE_SWAPS.get(name, frozenset()),
+                             stood_in=stood_in(name))
         grade, dirty, behind = KernelGrade({}, {}), set(), False
         start = min(changed)
         later: dict[int, tuple[str, ...] | None] = {}   # what the cells after each one read
