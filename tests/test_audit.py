@@ -20,6 +20,7 @@ import torch.nn as nn
 
 import dpmp_lab as dl
 from dpmp_lab import hybrid
+from dpmp_lab.launcher import launch as launch_module
 from dpmp_lab.launcher.audit import AUDIT_DEVICE
 
 from .conftest import ROOT
@@ -256,6 +257,27 @@ def test_the_environment_turns_the_audit_on_for_every_launch(warm, monkeypatch):
     assert dl.launch(lambda: str(dl.device()), world_size=1, stream=False).values == ["cpu:0"]
     monkeypatch.setenv("DPMP_LAB_DEVICE_AUDIT", "0")
     assert dl.launch(lambda: str(dl.device()), world_size=1, stream=False).values == ["cpu"]
+
+
+def test_a_checks_launch_audits_where_the_ranks_have_no_gpu_each(warm, monkeypatch):
+    # what a visible check launches fails on a laptop where the grader's audit will fail it;
+    # the learner's own dl.launch there stays plain
+    monkeypatch.delenv("DPMP_LAB_DEVICE_AUDIT", raising=False)
+    monkeypatch.setattr(launch_module, "visible_gpus", lambda: 0)
+    with pytest.raises(dl.LaunchError, match="device audit"):
+        dl.check.launch(tensor_without_device_to_a_collective, world_size=2, stream=False)
+    dl.launch(tensor_without_device_to_a_collective, world_size=2, stream=False)
+    assert dl.check.launch(lambda: str(dl.device()), world_size=1, device_audit=False,
+                           stream=False).values == ["cpu"]
+    monkeypatch.setenv("DPMP_LAB_DEVICE_AUDIT", "0")   # none at all, a check's neither
+    assert dl.check.launch(lambda: str(dl.device()), world_size=1,
+                           stream=False).values == ["cpu"]
+    monkeypatch.delenv("DPMP_LAB_DEVICE_AUDIT")
+    # with GPUs enough, gloo asked for still puts the ranks on the CPU (one GPU per rank, on
+    # nccl, is tools/gpu_course.py's to show)
+    monkeypatch.setattr(launch_module, "visible_gpus", lambda: 4)
+    assert not launch_module.ranks_have_gpus("gloo", 2)
+    assert launch_module.ranks_have_gpus("auto", 2) == dist.is_nccl_available()
 
 
 def test_the_audit_runs_on_gloo_and_refuses_nccl():

@@ -36,11 +36,11 @@ def sgd(model: torch.nn.Module, lr: float = 0.1) -> None:
 
 def dp_step(mistake: str | None = None) -> dict:
     r, ws = dist.get_rank(), dist.get_world_size()
-    model = make_model(seed=r)   # each rank differs until rank 0's weights are broadcast
+    model = make_model(seed=r).to(dl.device())   # each rank differs until rank 0's broadcast
     if mistake != "no broadcast":
         for p in model.parameters():
             dist.broadcast(p.data, src=0)
-    x, y = batch()
+    x, y = (t.to(dl.device()) for t in batch())
     F.mse_loss(model(x.chunk(ws)[r]), y.chunk(ws)[r]).backward()
     grads = [p.grad for p in model.parameters()]
     if mistake == "flat":
@@ -111,7 +111,7 @@ def test_per_parameter_all_reduce_gets_the_bucketing_hint(warm):
 
 def partial_sums(n: int = 1000) -> dict:
     r, ws = dist.get_rank(), dist.get_world_size()
-    v = torch.linspace(0, 1, n) ** 3          # default dtype: float64 when asked
+    v = torch.linspace(0, 1, n, device=dl.device()) ** 3   # default dtype: float64 when asked
     total = v[r::ws].sum()                    # a different summation order than the reference
     dist.all_reduce(total)
     return {"total": total, "dtype": str(total.dtype), "shard": v.chunk(ws)[r]}

@@ -964,18 +964,24 @@ def graded(tmp_path_factory) -> dict:
     jobs = ([("learner", "(learner view)", learner_view_sample())]
             + [("kernel", n) for n in sorted(ASSIGNMENTS, key=lambda n: -len(variants(n)))]
             + [("nbgrader", n, n) for n in ASSIGNMENTS])
-    # a learner's kernel and the audit's: no GRADING, whatever the one-job runs set
-    plain_env = {k: v for k, v in os.environ.items() if k != "NBGRADER_EXECUTION"}
-    before = os.environ.get("NBGRADER_EXECUTION")
-    os.environ["NBGRADER_EXECUTION"] = "autograde"   # the one-job runs: GRADING is True
+    # a learner's kernel and the audit's: no GRADING, whatever the one-job runs set, and the
+    # checks' launches audited as on a learner's laptop
+    plain_env = {k: v for k, v in os.environ.items()
+                 if k not in ("NBGRADER_EXECUTION", "DPMP_LAB_DEVICE_AUDIT")}
+    # the one-job runs: GRADING is True; no launch audited (nbgrader's round trip grades
+    # under the audit, and the one-job runs would cost a tenth more under it)
+    one_job = {"NBGRADER_EXECUTION": "autograde", "DPMP_LAB_DEVICE_AUDIT": "0"}
+    before = {k: os.environ.get(k) for k in one_job}
+    os.environ.update(one_job)
     try:
         with ThreadPoolExecutor(max_workers=GRADE_JOBS) as pool:
             done = list(pool.map(job, jobs))
     finally:
-        if before is None:
-            os.environ.pop("NBGRADER_EXECUTION", None)
-        else:
-            os.environ["NBGRADER_EXECUTION"] = before
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
     out: dict = {"nbgrader": {}, "kernel": {}, "learner": {}, "audit": {}, "roots": {}}
     for (kind, name, *rest), result in zip(jobs, done, strict=True):
         if kind == "learner":

@@ -83,9 +83,9 @@ def gpt_data() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def gpt_dp(steps: int) -> dict:
-    model = DataParallel(dl.models.TinyGPT(seed=dist.get_rank()), bucket_mb=0.05)
+    model = DataParallel(dl.models.TinyGPT(seed=dist.get_rank()).to(dl.device()), bucket_mb=0.05)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    idx, targets = gpt_data()
+    idx, targets = (t.to(dl.device()) for t in gpt_data())
     for _ in range(steps):
         opt.zero_grad()
         dl.models.lm_loss(model(my_shard(idx)), my_shard(targets)).backward()
@@ -223,10 +223,10 @@ def quirky_data() -> tuple[torch.Tensor, torch.Tensor]:
 def quirky_dp(steps: int) -> dict:
     """Rank r uses `extra` only when r is even; nobody uses `never`."""
     r = dist.get_rank()
-    x, y = quirky_data()
+    x, y = (t.to(dl.device()) for t in quirky_data())
     out = {}
     for mode, (bucket_mb, overlap) in QUIRKY_MODES.items():
-        model = DataParallel(Quirky(seed=r), bucket_mb=bucket_mb, overlap=overlap)
+        model = DataParallel(Quirky(seed=r).to(dl.device()), bucket_mb=bucket_mb, overlap=overlap)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         for _ in range(steps):
             opt.zero_grad()
@@ -291,9 +291,9 @@ def test_frozen_unused_tied_parameters_and_buffers_match_the_reference(warm):
 
 
 def accumulate(steps: int, micro: int) -> dict:
-    model = DataParallel(TinyMLP(seed=dist.get_rank()), bucket_mb=SMALL)
+    model = DataParallel(TinyMLP(seed=dist.get_rank()).to(dl.device()), bucket_mb=SMALL)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    x, y = regression_batch(32, seed=2)
+    x, y = (t.to(dl.device()) for t in regression_batch(32, seed=2))
     xs, ys = my_shard(x).chunk(micro), my_shard(y).chunk(micro)
     for _ in range(steps):
         opt.zero_grad()
@@ -415,10 +415,10 @@ OPTIMIZERS = {"AdamW": (torch.optim.AdamW, {"lr": 1e-2, "weight_decay": 0.1}),
 
 
 def zero_steps(steps: int) -> dict:
-    x, y = zero_data()
+    x, y = (t.to(dl.device()) for t in zero_data())
     out = {}
     for name, (cls, kwargs) in OPTIMIZERS.items():
-        model = zero_model(seed=dist.get_rank())
+        model = zero_model(seed=dist.get_rank()).to(dl.device())
         with dl.trace() as built:
             opt = ShardedOptimizer(model.parameters(), cls, **kwargs)
         with dl.trace() as stepping:

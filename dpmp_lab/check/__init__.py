@@ -9,6 +9,8 @@ tensor on which rank, how far off, what communication was expected and what was 
 mistake that most often produces that difference. In a notebook only the message is shown,
 not our internals.
 
+    audited        launch: dl.launch for a check, under the device audit where the ranks
+                   have no GPU each (as the grader runs it), so a misplaced tensor fails here
     numbers        compare, close, same_on_all_ranks, against_reference; grads, params
     communication  comm, overlaps_backward: exact counts per op, group and phase, and bytes;
                    reduced_in_one_collective: no reduction done by hand around collectives;
@@ -21,6 +23,7 @@ not our internals.
     failed         CheckFailed
 """
 
+from dpmp_lab.check.audited import launch
 from dpmp_lab.check.communication import (
     accumulation_sends,
     comm,
@@ -49,6 +52,7 @@ from dpmp_lab.check.sides import on_learners_side
 from dpmp_lab.trace import OPS
 
 __all__ = ["FP32", "FP64", "OPS", "CheckFailed", "ReferenceSwitchedOff", "accumulation_sends",
-           "against_reference", "close", "comm", "compare", "grads", "overlaps_backward",
-           "params", "references_off", "on_learners_side", "reduced_in_one_collective",
-           "row_parts", "same_on_all_ranks", "stand_ins", "with_references_off"]
+           "against_reference", "close", "comm", "compare", "grads", "launch",
+           "on_learners_side", "overlaps_backward", "params", "reduced_in_one_collective",
+           "references_off", "row_parts", "same_on_all_ranks", "stand_ins",
+           "with_references_off"]

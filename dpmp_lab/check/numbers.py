@@ -18,6 +18,7 @@ import torch
 
 from dpmp_lab._helpers import ranks_text
 from dpmp_lab.check import communication
+from dpmp_lab.check.audited import launch
 from dpmp_lab.check.failed import CheckFailed
 from dpmp_lab.check.hints import (
     REPLICA_HINT,
@@ -27,7 +28,6 @@ from dpmp_lab.check.hints import (
     tag,
 )
 from dpmp_lab.i18n.messages import _
-from dpmp_lab.launcher.launch import launch
 from dpmp_lab.models import default_dtype
 
 __all__ = ["FP32", "FP64", "against_reference", "close", "compare", "grads", "params",

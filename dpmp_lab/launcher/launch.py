@@ -50,8 +50,8 @@ from dpmp_lab.launcher.supervisor import Supervisor
 __all__ = [  # the launcher's public names, wherever they are defined
     "AUDIT_ENV", "BACKENDS", "DEBUG_ENV", "LOG_ENV", "PRELOAD", "START_METHODS", "WARM_ENV",
     "LaunchError", "LaunchResult", "LaunchTimeout", "RankFailure", "UnguardedLaunch",
-    "audit_requested", "backends_of", "launch", "route_launches", "usable_cores",
-    "visible_gpus", "warm_up",
+    "audit_refused", "audit_requested", "backends_of", "launch", "ranks_have_gpus", "route_launches",
+    "usable_cores", "visible_gpus", "warm_up",
 ]
 
 BACKENDS = ("auto", "gloo", "nccl")
@@ -163,7 +163,8 @@ def launch(
                   streaming in IPython; never outside IPython).
     device_audit: run on the CPU as if each rank had a GPU, and fail where the code would put
                   data on the wrong device there (see dpmp_lab/launcher/audit.py). Default: on when the
-                  environment has DPMP_LAB_DEVICE_AUDIT=1.
+                  environment has DPMP_LAB_DEVICE_AUDIT=1 (dl.check.launch, a check's launch,
+                  turns it on where the ranks have no GPU each, unless it is 0).
     max_result_bytes: the most one rank may return, pickled (default 256 MiB): past it the rank
                   fails with its result's size, and the notebook never reads it.
     debug:        torch's own checks in the ranks (TORCH_DISTRIBUTED_DEBUG=DETAIL): before each
@@ -241,12 +242,24 @@ def audit_requested() -> bool:
     return os.environ.get(AUDIT_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def audit_refused() -> bool:
+    """Whether DPMP_LAB_DEVICE_AUDIT asks that no launch be audited, a check's included."""
+    return os.environ.get(AUDIT_ENV, "").strip().lower() in ("0", "false", "no", "off")
+
+
 def backends_of(backend: str) -> dict[str, str]:
     """{"cuda": "nccl", "cpu": "gloo"} for "cpu:gloo,cuda:nccl"; {"cpu": "gloo"} for "gloo"."""
     if ":" not in backend:
         return {"cuda": backend} if backend == "nccl" else {"cpu": backend}
     pairs = (part.split(":", 1) for part in backend.split(","))
     return dict(sorted(((dev, name) for dev, name in pairs), key=lambda p: p[0] != "cuda"))
+
+
+def ranks_have_gpus(backend: str, world_size: int) -> bool:
+    """Whether a launch with `backend` gives each of its `world_size` ranks a GPU of its own."""
+    if backend == "gloo" or (":" in backend and "cuda" not in backends_of(backend)):
+        return False
+    return visible_gpus() >= world_size and dist.is_nccl_available()
 
 
 def visible_gpus() -> int:

@@ -1,0 +1,38 @@
+"""The launch a check makes: under the device audit wherever the ranks have no GPU each.
+
+The grader audits every launch on a machine without GPUs (dpmp_lab/launcher/audit.py): a buffer
+made without `device=` fails there, as it would on a GPU server. A visible check that launched
+plainly on a laptop would let the same code pass, and the learner would lose the points after
+hand-in for a mistake the check could have shown. Checks launch through `launch` here instead,
+so the learner sees the audit's message (the line, and what to write) before hand-in, while
+the learner's own cells and the notebook's demos keep dl.launch, where dl.device() is what the
+machine has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from dpmp_lab.launcher.launch import (
+    LaunchResult,
+    audit_refused,
+    audit_requested,
+    ranks_have_gpus,
+)
+from dpmp_lab.launcher.launch import launch as _launch
+
+
+def launch(fn: Callable[..., Any], *args: Any, world_size: int = 4, backend: str = "auto",
+           device_audit: bool | None = None, **kwargs: Any) -> LaunchResult:
+    """dl.launch for a check: `device_audit` defaults to on unless every rank has a GPU of its
+    own (nccl), so code that would put data on the wrong device there fails here too;
+    DPMP_LAB_DEVICE_AUDIT=0 turns it off (a timing, a test of something else)."""
+    if device_audit is None:
+        device_audit = audit_requested() or not (audit_refused()
+                                                 or ranks_have_gpus(backend, world_size))
+    return _launch(fn, *args, world_size=world_size, backend=backend,
+                   device_audit=device_audit, **kwargs)
+
+
+__all__ = ["launch"]
