@@ -264,7 +264,18 @@ def learner_view_sample() -> list[tuple[str, dict]]:
         at = last_visible(name, v)
         if name not in first or at < first[name][0]:
             first[name] = (at, v)
-    return [(name, v) for name, (_, v) in first.items()]
+    return [(name, v) for name, (_, v) in first.items()] + device_mistake_views()
+
+
+def device_mistake_views() -> list[tuple[str, dict]]:
+    """The first device mistake (00's, the shortest view) as the learner meets it on a laptop:
+    its visible check launches under the device audit, as the grader does, and fails there."""
+    from tests.course_variants import solution_editor
+
+    return [(name, {"name": f"(device mistake) {cell}", "replace": solution_editor(name)(cell, edit),
+                    "visible": [test_cell], "visible_says": ["device audit: " + message]})
+            for name, cell, test_cell, edit, message in DEVICE_MISTAKES[:1]
+            if name in ASSIGNMENTS]
 
 
 def _learner_view(name: str, variant: dict) -> nbformat.NotebookNode:

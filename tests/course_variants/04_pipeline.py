@@ -276,6 +276,9 @@ LOSS_REPORTED_SCALED = _edit("runner", ("                losses.append(loss.item
 ONE_DIGIT_INDEX = _edit("runner", ("kind, j = action[0], int(action[1:])",
                                    "kind, j = action[0], int(action[1])"))
 
+# a good-faith learner's runner that names the loss every test used to hand it
+MSE_NAMED = _edit("runner", ("loss = loss_fn(out, ys[j])", "loss = F.mse_loss(out, ys[j])"))
+
 # -- recall ----------------------------------------------------------------------------------
 
 WRONG_RECALL = {
@@ -415,6 +418,9 @@ VARIANTS = [
     {"name": "runner: the losses reported divided by m",
      "replace": LOSS_REPORTED_SCALED, "loses": ["runner_tests"],
      "visible": ["runner_tests"], "visible_says": ["not the ranks: this run has 2"]},
+    {"name": "runner: F.mse_loss named where the runner is handed loss_fn",
+     "replace": MSE_NAMED, "loses": ["runner_tests"],
+     "visible": ["runner_tests"], "visible_says": ["pp.loss_fn"]},
     {"name": "runner: the micro-batch index read as one digit (F12 taken for F1)",
      "replace": ONE_DIGIT_INDEX, "loses": ["runner_tests"],
      "visible": ["runner_tests"]},
