@@ -354,8 +354,8 @@ def misuse() -> dict:
     F.mse_loss(model(x), y).backward()
     try:
         model(x)
-    except RuntimeError as exc:
-        out["forgot finish"] = str(exc)
+    except dl.dp.GradientsNotAveraged as exc:   # a RuntimeError of its own class: a check
+        out["forgot finish"] = str(exc)           # tells it in any language
     model.finish_gradient_sync()
     out["after errors"] = dl.check.grads(model.module)
 

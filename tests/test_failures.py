@@ -10,6 +10,7 @@ import threading
 
 import pytest
 
+from dpmp_lab.dp import GradientsNotAveraged
 from dpmp_lab.launcher import serialize, worker
 from dpmp_lab.launcher.failures import (
     DESTROYED_GROUP_HINT,
@@ -425,3 +426,10 @@ def test_a_wait_on_a_request_handle_is_its_own_kind_of_hang():
     assert err.failures[0].message.startswith("waited 2 s on a request handle")
     stuck = {0: still_running(0, stack=in_wait, output="", timeout=3)}
     assert launch_timeout(stuck, output=[""], finished=[]).hint == HANDLE_HANG_HINT
+
+
+def test_a_failure_says_which_class_the_rank_raised_whatever_language_its_message_is_in():
+    failure = exception(0, "dpmp_lab.dp.data_parallel.GradientsNotAveraged", "勾配が平均されないまま")
+    assert failure.raised(GradientsNotAveraged) and not failure.raised(RuntimeError)
+    assert exception(1, "IndexError", "list index out of range").raised(IndexError)
+    assert not RankFailure(2, Reason.EXIT, exitcode=1).raised(SystemExit)

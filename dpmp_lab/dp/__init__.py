@@ -19,7 +19,8 @@ then the gradients too, split over the ranks; ShardedOptimizer(stage=...) makes 
 start from dp.replicas: the group to average over and identical replicas.
 """
 
-from dpmp_lab.dp.data_parallel import DataParallel
+from dpmp_lab.dp.data_parallel import DataParallel, GradientsNotAveraged
 from dpmp_lab.dp.zero import ShardedOptimizer, ZeRO1Optimizer, ZeRO2Optimizer
 
-__all__ = ["DataParallel", "ShardedOptimizer", "ZeRO1Optimizer", "ZeRO2Optimizer"]
+__all__ = ["DataParallel", "GradientsNotAveraged", "ShardedOptimizer", "ZeRO1Optimizer",
+           "ZeRO2Optimizer"]

@@ -29,10 +29,16 @@ from torch import nn
 
 from dpmp_lab._torch_helpers import resolve_group
 from dpmp_lab.dp.replicas import check_same_everywhere, first_rank
+from dpmp_lab.i18n.messages import _
 
-__all__ = ["DataParallel"]
+__all__ = ["DataParallel", "GradientsNotAveraged"]
 
 MiB = 1024 * 1024
+
+
+class GradientsNotAveraged(RuntimeError):
+    """A forward began while the buckets of the last backward were out and never finished:
+    its own class, so that a check can tell it in any language."""
 
 
 @dataclass
@@ -80,13 +86,13 @@ class DataParallel(nn.Module):
         named = list(module.named_parameters())
         trainable = [(n, p) for n, p in named if p.requires_grad]
         if not trainable:
-            raise ValueError("the module has no trainable parameters (none requires grad): "
-                             "there are no gradients to average")
-        states = [p for _, p in named] + list(module.buffers())
+            raise ValueError(_("the module has no trainable parameters (none requires "
+                               "grad): there are no gradients to average"))
+        states = [p for name, p in named] + list(module.buffers())
         check_same_everywhere(states, self.group, "models")
         self._broadcast(states)
 
-        self._params = [p for _, p in trainable]
+        self._params = [p for name, p in trainable]
         self._buckets = self._make_buckets(trainable)
         self._bucket_of = {i: b for b in self._buckets for i in b.params}
         self._sync_enabled = True      # False inside no_sync()
@@ -107,10 +113,10 @@ class DataParallel(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if self._round_open and self._sync_enabled and self.overlap and torch.is_grad_enabled():
-            raise RuntimeError("the gradients of the last backward were never averaged: its "
-                               "buckets went out, and nothing finished them "
-                               "(finish_gradient_sync) before this forward began another "
-                               "backward's worth (see DataParallel's docstring on no_sync)")
+            raise GradientsNotAveraged(_(
+                "the gradients of the last backward were never averaged: its buckets went out, "
+                "and nothing finished them (finish_gradient_sync) before this forward began "
+                "another backward's worth (see DataParallel's docstring on no_sync)"))
         if torch.is_grad_enabled():    # as in torch's DDP, the forward decides for its backward
             self._backward_syncs = self._sync_enabled
         return self.module(*args, **kwargs)
@@ -147,12 +153,12 @@ class DataParallel(nn.Module):
                 self._unpack(bucket)
         self._reset_round()
         if repeated:
-            raise RuntimeError(
+            raise RuntimeError(_(
                 "backward ran more than once since the last finish_gradient_sync(): the "
                 "gradients of the first backward were already sent, so the average would be "
                 "wrong and p.grad was left unaveraged. Call finish_gradient_sync() after every "
                 "backward, or, to accumulate gradients, run the forward and backward of all "
-                "but the last inside `with model.no_sync():`")
+                "but the last inside `with model.no_sync():`"))
 
     # -- inside: building buckets, broadcasting ------------------------------------------------
 

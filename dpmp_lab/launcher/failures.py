@@ -36,7 +36,7 @@ from dpmp_lab.launcher.hints import (
     SIGNAL_HINTS,
     UNPICKLABLE_HINT,
 )
-from dpmp_lab.launcher.protocol import Vocabulary
+from dpmp_lab.launcher.protocol import Vocabulary, exception_name
 from dpmp_lab.launcher.stacks import p2p_wait, stack_from_dump, waits_on_handle
 from dpmp_lab.render import human_bytes
 
@@ -66,6 +66,10 @@ class RankFailure:
     exitcode: int | None = None
     signal: signal.Signals | None = None
     output_tail: str = ""
+
+    def raised(self, kind: type[BaseException]) -> bool:
+        """Whether the rank raised `kind`: by its class, whatever language its message is in."""
+        return self.reason == Reason.EXCEPTION and self.exc_type == exception_name(kind)
 
     def describe(self, alike: Sequence[int] = ()) -> str:
         """What went wrong in this rank, or in the ranks `alike` that failed the same way."""
@@ -202,9 +206,8 @@ def death(rank: int, exitcode: int | None, output: str, main_thread: int | None,
 
 def still_running(rank: int, *, stack: str, output: str, timeout: float) -> RankFailure:
     """A rank that had not finished when the launch's own timeout passed."""
-    return RankFailure(rank, Reason.TIMEOUT,
-                       message=f"still running after {timeout:g} s (launch timeout)",
-                       traceback=stack, output_tail=tail(output))
+    return RankFailure(rank, Reason.TIMEOUT, traceback=stack, output_tail=tail(output),
+                       message=f"still running after {timeout:g} s (launch timeout)")
 
 
 # nccl's watchdog thread, on a collective past the process-group timeout (torch 2.11):
@@ -243,8 +246,7 @@ def unpicklable(rank: int, error: BaseException) -> RankFailure:
 def unreadable(rank: int, error: BaseException) -> RankFailure:
     """A rank that sent bytes the launcher could not read as a message."""
     return RankFailure(rank, Reason.UNREADABLE, exc_type=type(error).__name__, message=(
-        f"rank {rank} sent a message the notebook could not read: "
-        f"{type(error).__name__}: {error}"))
+        f"rank {rank} sent a message the notebook could not read: {type(error).__name__}: {error}"))
 
 
 def oversized(rank: int, limit: int, margin: int) -> RankFailure:
@@ -257,10 +259,8 @@ def oversized(rank: int, limit: int, margin: int) -> RankFailure:
 
 
 _TIMEOUT_RE = re.compile(r"timed out|timeout", re.IGNORECASE)
-_PEER_LOST_RE = re.compile(
-    r"Connection closed by peer|Connection reset by peer|connectFullMesh failed|Broken pipe",
-    re.IGNORECASE,
-)
+_PEER_LOST_RE = re.compile(r"Connection closed by peer|Connection reset by peer|"
+                           r"connectFullMesh failed|Broken pipe", re.IGNORECASE)
 
 
 def lost_a_peer(failure: RankFailure) -> bool:

@@ -87,3 +87,9 @@ class Raised:
 
 
 Message = Started | Returned | Raised
+
+
+def exception_name(kind: type[BaseException]) -> str:
+    """The name an exception crosses under (Raised.exc_type): a builtin's own, any other's
+    with its module, so that two classes of one name stay apart."""
+    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"

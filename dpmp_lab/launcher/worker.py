@@ -50,7 +50,14 @@ import dpmp_lab.integrity as integrity
 from dpmp_lab import context
 from dpmp_lab.context import RankContext, nccl_backend
 from dpmp_lab.launcher import audit, collective_inputs, flight, processes, serialize
-from dpmp_lab.launcher.protocol import MAX_RESULT_BYTES, Message, Raised, Returned, Started
+from dpmp_lab.launcher.protocol import (
+    MAX_RESULT_BYTES,
+    Message,
+    Raised,
+    Returned,
+    Started,
+    exception_name,
+)
 from dpmp_lab.render import human_bytes
 from dpmp_lab.trace import trace as record_trace  # (the facade's dl.trace)
 
@@ -293,7 +300,7 @@ def check_result_size(size: int, limit: int) -> None:
 def _describe(exc: BaseException) -> Raised:
     """What the launcher is told about an exception in this rank."""
     kind = type(exc)
-    name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    name = exception_name(kind)
     exitcode = None
     if isinstance(exc, SystemExit):
         exitcode = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
