@@ -592,6 +592,25 @@ def test_process_group_timeout_is_reported_as_a_hang():
     assert "rank 1 issued no collective at all" in str(info.value)
 
 
+def skip_a_collective_on_a_new_group():
+    group = dist.new_group([0, 1])
+    if dist.get_rank() == 0:
+        dist.all_reduce(torch.ones(2), group=group)
+    else:
+        time.sleep(60)
+
+
+def test_a_group_the_function_makes_times_out_like_the_default_group():
+    # torch gives dist.new_group's groups a default of 30 minutes: the hang would last until
+    # the launch's own timeout
+    t0 = time.monotonic()
+    with pytest.raises(dl.LaunchTimeout) as info:
+        dl.launch(skip_a_collective_on_a_new_group, world_size=2, timeout=60, pg_timeout=2,
+                  stream=False)
+    assert time.monotonic() - t0 < 30
+    assert "waited 2 s in a collective" in info.value.failures[0].message
+
+
 WATCHDOG_LINE = (  # nccl's, as torch 2.11 wrote it on an H200 (tools/nccl_checks.py)
     "[rank0]:[E1204 17:28:42.945428078 ProcessGroupNCCL.cpp:689] [Rank 0] Watchdog caught "
     "collective operation timeout: WorkNCCL(SeqNum=2, OpType=ALLREDUCE, NumelIn=4, NumelOut=4, "

@@ -44,6 +44,7 @@ import torch
 import torch.distributed as dist
 import torch.overrides
 from torch.distributed import c10d_logger
+from torch.distributed import distributed_c10d as c10d
 
 import dpmp_lab
 import dpmp_lab.integrity as integrity
@@ -253,6 +254,10 @@ def _init_process_group(spec: RankSpec) -> RankContext:
         world_size=spec.world_size,
         timeout=timeout,
     )
+    # A group fn makes (dist.new_group) takes torch's default timeout, 30 minutes (10 on nccl):
+    # a collective on it that not every member joins would wait for the launch's own timeout.
+    # It waits the launch's process-group timeout instead, as the default group does.
+    c10d.default_pg_timeout = c10d.default_pg_nccl_timeout = timeout
     return RankContext(spec.rank, spec.world_size, dev)
 
 
