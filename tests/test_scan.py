@@ -55,6 +55,12 @@ def test_scan_finds_writes_into_the_library(line):
     ("from dpmp_lab.harness import agent", scan.RECORDS),
     ("x = dl.integrity", scan.RECORDS),
     ("f = getattr(sys, '_getframe')", scan.FRAMES),
+    # red-teamed: the launcher's module reached from a function and patched through its
+    # namespace, so that the grader's launches in the learner's kernel ran unaudited
+    ("m = inspect.getmodule(dl.launch)", scan.MODULES),
+    ("import pkgutil\nm = pkgutil.resolve_name('dpmp_lab.launcher.launch')", scan.MODULES),
+    ("m = type(dl)('x')\nm.__dict__.update(launch=print)", scan.NAMESPACE),
+    ("vars(m)['launch'] = print", scan.NAMESPACE),
 ])
 def test_scan_finds_every_escape_hatch(line, why):
     found = scan.scan([line], context=GIVEN)
@@ -81,6 +87,8 @@ def test_scan_finds_every_escape_hatch(line, why):
     "dl = None",
     "def reference(x):\n    return 0",
     "from IPython import get_ipython",
+    "class Box:\n    def __init__(self, **kw):\n        self.__dict__.update(kw)",
+    "print(vars())",
 ])
 def test_scan_leaves_ordinary_code_alone(line):
     assert scan.scan([line], context=GIVEN) == []

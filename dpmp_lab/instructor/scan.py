@@ -11,12 +11,16 @@ grade nor the feedback is silent about it. What it finds:
 
 - writes into the library: an assignment, `setattr`/`delattr`, a namespace write
   (`vars(dl.check)[...] = ...`) or `integrity.swapped` aimed at a name imported from
-  dpmp_lab, torch.distributed or nbgrader, or at an alias of one (`c = dl.check`);
+  dpmp_lab, torch.distributed or nbgrader, or at an alias of one (`c = dl.check`); and a
+  write into any object's namespace itself (`m.__dict__.update(...)`, `vars(m)[...] = ...`)
+  but the learner's own instance's (`self`), since `m` may be a module reached by a call
+  (`inspect.getmodule(dl.launch)`, red-teamed) that no alias reading follows;
 - the escape hatches: stack frames (`sys._getframe`, `f_back`, `inspect.stack`), trace
   functions, `exec`/`eval`/`compile`/`__import__` (code no scan can read), the builtins every
-  module shares, `sys.modules`, functions' internals (`__code__`, `__globals__`, which reach a
-  reference past its switch), `gc.get_referrers`, importlib and ctypes, and the library's
-  integrity records; also any of those names spelled in a string.
+  module shares, `sys.modules` (and `inspect.getmodule`, `pkgutil.resolve_name`), functions'
+  internals (`__code__`, `__globals__`, which reach a reference past its switch),
+  `gc.get_referrers`, importlib and ctypes, and the library's integrity records; also any of
+  those names spelled in a string.
 
 A scan reads code, it does not run it: a learner who builds these names at run time gets
 past it, and changes what their own ranks report (docs/instructor-guide.md says so); the tests themselves
@@ -40,6 +44,8 @@ DYNAMIC = "runs code that cannot be read before it runs"
 TRACING = "installs a trace function, which sees every line the tests run"
 INTERNALS = "reaches into the internals of functions or classes"
 MODULES = "reaches modules behind their names"
+NAMESPACE = ("writes into an object's namespace itself (__dict__, vars()), which reaches a "
+             "module's names past any name a scan reads")
 RECORDS = "reaches the grader's integrity records"
 
 HATCH_NAMES = {"exec": DYNAMIC, "eval": DYNAMIC, "compile": DYNAMIC, "__import__": DYNAMIC,
@@ -54,6 +60,7 @@ HATCH_PAIRS = {("sys", "modules"): MODULES, ("sys", "monitoring"): TRACING,
                ("inspect", "stack"): FRAMES, ("inspect", "trace"): FRAMES,
                ("inspect", "currentframe"): FRAMES, ("inspect", "getouterframes"): FRAMES,
                ("inspect", "getinnerframes"): FRAMES, ("inspect", "getframeinfo"): FRAMES,
+               ("inspect", "getmodule"): MODULES, ("pkgutil", "resolve_name"): MODULES,
                ("gc", "get_referrers"): INTERNALS, ("gc", "get_referents"): INTERNALS,
                ("gc", "get_objects"): INTERNALS, ("gc", "freeze"): INTERNALS,
                ("threading", "settrace"): TRACING,
@@ -97,6 +104,8 @@ def scan(sources: Iterable[str], context: Iterable[str] = ()) -> list[str]:
             for target in _written(node):
                 if _root(target) in roots:
                     report(node, WRITES)
+                elif _is_namespace(target) and _root(target) not in (None, "self", "cls"):
+                    report(node, NAMESPACE)   # a module reached some other way, say
             why = _hatch(node, roots, modules)
             if why:
                 report(node, why)
