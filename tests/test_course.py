@@ -430,7 +430,7 @@ def _notebook_trees(name: str) -> list[tuple[str | None, ast.Module]]:
             try:
                 out.append((cell.metadata.get("nbgrader", {}).get("grade_id"),
                             ast.parse(cell.source)))
-            except SyntaxError:   # a cell that starts with a magic
+            except SyntaxError:   # a cell that starts with a magic names no dl.check function
                 continue
     return out
 
@@ -550,19 +550,10 @@ def hands_over_its_own_code(name: str) -> bool:
     """Whether a cell of the notebook's own (not a learner's) hands the learner's side a
     function of its own through dl.check (HANDS_OVER): the one path where a test's code runs in
     the learner's kernel, and so where the two ways of grading could part."""
-    nb = source_notebook(name)
-    learners = set(cells_by_kind(nb, "solution"))
-    for cell in nb.cells:
-        if (cell.cell_type != "code"
-                or cell.metadata.get("nbgrader", {}).get("grade_id") in learners):
-            continue
-        try:
-            tree = ast.parse(cell.source)
-        except SyntaxError:   # a cell that starts with a magic names no dl.check function
-            continue
-        if any(isinstance(n, ast.Attribute) and n.attr in HANDS_OVER for n in ast.walk(tree)):
-            return True
-    return False
+    learners = set(cells_by_kind(source_notebook(name), "solution"))
+    return any(isinstance(n, ast.Attribute) and n.attr in HANDS_OVER
+               for grade_id, tree in _notebook_trees(name) if grade_id not in learners
+               for n in ast.walk(tree))
 
 
 @functools.cache

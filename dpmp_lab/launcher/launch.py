@@ -259,7 +259,7 @@ def ranks_have_gpus(backend: str, world_size: int) -> bool:
     """Whether a launch with `backend` gives each of its `world_size` ranks a GPU of its own."""
     if backend == "gloo" or (":" in backend and "cuda" not in backends_of(backend)):
         return False
-    return visible_gpus() >= world_size and dist.is_nccl_available()
+    return _resolve_backend("auto", world_size) == "nccl"   # the one rule for a GPU per rank
 
 
 def visible_gpus() -> int:
