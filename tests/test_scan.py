@@ -61,6 +61,12 @@ def test_scan_finds_writes_into_the_library(line):
     ("import pkgutil\nm = pkgutil.resolve_name('dpmp_lab.launcher.launch')", scan.MODULES),
     ("m = type(dl)('x')\nm.__dict__.update(launch=print)", scan.NAMESPACE),
     ("vars(m)['launch'] = print", scan.NAMESPACE),
+    # red-teamed: the launcher's module imported by a name in bytes, then patched by setattr
+    ("import pickle\nm = pickle.loads(b'cdpmp_lab.launcher\\nlaunch\\n.')", scan.UNPICKLE),
+    ("from _pickle import loads", scan.UNPICKLE),
+    ("import marshal", scan.UNPICKLE),
+    ("state = torch.load(buffer, weights_only=False)", scan.UNPICKLE),
+    ("state = torch.load(buffer)   # weights_only is False before torch 2.6", scan.UNPICKLE),
 ])
 def test_scan_finds_every_escape_hatch(line, why):
     found = scan.scan([line], context=GIVEN)
@@ -89,6 +95,7 @@ def test_scan_finds_every_escape_hatch(line, why):
     "from IPython import get_ipython",
     "class Box:\n    def __init__(self, **kw):\n        self.__dict__.update(kw)",
     "print(vars())",
+    "state = torch.load(buffer, weights_only=True)",
 ])
 def test_scan_leaves_ordinary_code_alone(line):
     assert scan.scan([line], context=GIVEN) == []

@@ -19,7 +19,8 @@ grade nor the feedback is silent about it. What it finds:
   functions, `exec`/`eval`/`compile`/`__import__` (code no scan can read), the builtins every
   module shares, `sys.modules` (and `inspect.getmodule`, `pkgutil.resolve_name`), functions'
   internals (`__code__`, `__globals__`, which reach a reference past its switch),
-  `gc.get_referrers`, importlib and ctypes, and the library's integrity records; also any of
+  `gc.get_referrers`, importlib and ctypes, unpickling (`pickle.loads(b"cdpmp_lab..."` imports
+  any module by a name in bytes; red-teamed), and the library's integrity records; also any of
   those names spelled in a string.
 
 A scan reads code, it does not run it: a learner who builds these names at run time gets
@@ -47,6 +48,8 @@ MODULES = "reaches modules behind their names"
 NAMESPACE = ("writes into an object's namespace itself (__dict__, vars()), which reaches a "
              "module's names past any name a scan reads")
 RECORDS = "reaches the grader's integrity records"
+UNPICKLE = ("unpickles bytes, which imports any module and calls any of its names, past every "
+            "name a scan reads")
 
 HATCH_NAMES = {"exec": DYNAMIC, "eval": DYNAMIC, "compile": DYNAMIC, "__import__": DYNAMIC,
                "__builtins__": BUILTINS, "breakpoint": TRACING}
@@ -67,6 +70,9 @@ HATCH_PAIRS = {("sys", "modules"): MODULES, ("sys", "monitoring"): TRACING,
                ("threading", "setprofile"): TRACING}
 HATCH_MODULES = {"builtins": BUILTINS, "importlib": DYNAMIC, "ctypes": INTERNALS,
                  "runpy": DYNAMIC, "atexit": DYNAMIC, "nbgrader": RECORDS,
+                 "pickle": UNPICKLE, "_pickle": UNPICKLE, "marshal": UNPICKLE,
+                 "copyreg": UNPICKLE, "shelve": UNPICKLE, "dill": UNPICKLE,
+                 "cloudpickle": UNPICKLE,
                  "dpmp_lab.integrity": RECORDS, "dpmp_lab.instructor": RECORDS,
                  "dpmp_lab.harness": RECORDS}
 RECORD_ATTRS = ("integrity",)   # dl.integrity
@@ -192,6 +198,12 @@ def _hatch(node: ast.AST, roots: set[str], modules: dict[str, str]) -> str | Non
             for alias in node.names:
                 if (node.module, alias.name) in HATCH_PAIRS:
                     return HATCH_PAIRS[(node.module, alias.name)]
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+            node.func.attr == "load" and isinstance(node.func.value, ast.Name) and \
+            modules.get(node.func.value.id, node.func.value.id) == "torch" and not any(
+                k.arg == "weights_only" and isinstance(k.value, ast.Constant)
+                and k.value.value is True for k in node.keywords):
+        return UNPICKLE   # torch.load unpickles anything unless weights_only (torch < 2.6)
     if isinstance(node, ast.Constant) and isinstance(node.value, str) and (
             node.value in HATCH_NAMES or node.value in HATCH_ATTRS):
         why = HATCH_NAMES.get(node.value) or HATCH_ATTRS[node.value]
