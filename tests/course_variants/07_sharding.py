@@ -400,6 +400,30 @@ VARIANTS = [
                "return\n", "        ctx.x, ctx.shard = x, shard\n"), (
                "        x, shard = ctx.saved_tensors\n", "        x, shard = ctx.x, ctx.shard\n")),
            "loses": _UNIT, "visible_says": ["sharding.ctx_attribute"]}),
+    _seen({"name": "FSDP unit: backward runs the layer's forward again for autograd.grad",
+           "replace": _edit("sharded_linear", (
+               "        w, _ = split_weight_bias(full, out_features, in_features)\n"
+               "        grad_x = grad_out @ w\n"
+               "        rows_out = grad_out.reshape(-1, out_features)     # every leading dim "
+               "counts as rows\n"
+               "        rows_in = x.reshape(-1, in_features)\n"
+               "        grad_w = rows_out.T @ rows_in\n"
+               "        grad_b = rows_out.sum(0)\n",
+               "        w, b = split_weight_bias(full, out_features, in_features)\n"
+               "        with torch.enable_grad():\n"
+               "            xd = x.detach().requires_grad_()\n"
+               "            wd, bd = w.detach().requires_grad_(), b.detach().requires_grad_()\n"
+               "            out = F.linear(xd, wd, bd)\n"
+               "            grad_x, grad_w, grad_b = torch.autograd.grad(out, (xd, wd, bd), "
+               "grad_out)\n")),
+           "loses": _UNIT, "visible_says": ["sharding.fsdp_recomputed"]}),
+    {"name": "right: the weight's gradient by einsum, the input's skipped where not needed",
+     "replace": _edit("sharded_linear", (
+         "        grad_x = grad_out @ w\n",
+         "        grad_x = grad_out @ w if ctx.needs_input_grad[0] else None\n"), (
+         "        grad_w = rows_out.T @ rows_in\n",
+         "        grad_w = torch.einsum(\"ro,ri->oi\", rows_out, rows_in)\n")),
+     "loses": []},
     {"name": "right: the list form of all_gather in forward",
      "replace": _edit("sharded_linear", (
          "        full = torch.empty(world * shard.numel(), dtype=shard.dtype, device=shard.device)\n"
