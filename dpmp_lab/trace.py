@@ -220,6 +220,13 @@ class Trace:
         """Total payload bytes of the matching calls (see CommEvent.nbytes)."""
         return sum(ev.nbytes for ev in self.select(op, group, phase))
 
+    def unwaited(self) -> int:
+        """How many asynchronous calls no handle's wait() followed: a result read before its
+        wait() returned is whatever the buffer held then. A blocking call waits inside torch,
+        so each one accounts for one of the waits recorded."""
+        blocking = sum(not ev.async_op for ev in self.events)
+        return max(0, sum(ev.async_op for ev in self.events) - (len(self.waits) - blocking))
+
     def per_group(self) -> dict[Any, dict[str, int]]:
         """{group: {op: calls}}, groups by name ("dp") when they have one, else by ranks."""
         out: dict[Any, Counter] = {}

@@ -204,6 +204,22 @@ def test_bytes_are_numel_times_element_size_of_each_payload(warm):
         assert t.events[-1].op == "barrier"
 
 
+def waited_and_not():
+    """A blocking all-reduce, an async one waited for, two async ones never waited for."""
+    x = torch.ones(4, device=dl.device())
+    with dl.trace() as t:
+        dist.all_reduce(x)
+        dist.all_reduce(x, async_op=True).wait()
+        handles = [dist.all_reduce(x, async_op=True) for _ in range(2)]
+    for h in handles:
+        h.wait()                 # outside the trace: not counted as waited
+    return t.unwaited()
+
+
+def test_unwaited_counts_async_calls_no_wait_followed(warm):
+    assert dl.launch(waited_and_not, world_size=2, stream=False).values == [2, 2]
+
+
 class _Identity(torch.autograd.Function):
     """all-reduce in forward, nothing in backward: Megatron's g, to see the forward phase."""
 
