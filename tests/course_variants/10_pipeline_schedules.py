@@ -435,6 +435,20 @@ VARIANTS = [
     {"name": "stage: B and W by autograd, the graph kept between them (each does more work)",
      "replace": B_AND_W_BY_AUTOGRAD, "loses": ["bw_stage_tests"],
      "visible": ["bw_stage_tests"], "visible_says": ["pp.b_work"]},
+    # a good-faith learner's (fifth pass): the stage's input gradient held for W as well, and
+    # a loop over the example's 3 layers
+    {"name": "stage: the input gradient, sent to the previous stage, also held for W",
+     "replace": _edit("bw_stage", ("    return g, held\n", "    return g, {\"layers\": held, "
+                                   "\"grad_in\": g}\n"), (
+         "    for layer, (g, inp) in zip(layers, held):\n",
+         "    for layer, (g, inp) in zip(layers, held[\"layers\"]):\n")),
+     "loses": ["bw_stage_tests"], "visible": ["bw_stage_tests"],
+     "visible_says": ["pp.w_holds_more"]},
+    {"name": "stage: B's loop over the example's 3 layers, not the stage's",
+     "replace": _edit("bw_stage", ("    held = [None] * len(layers)\n", "    held = [None] * 3\n"), (
+         "    for i in reversed(range(len(layers))):\n        if i < len(layers) - 1:",
+         "    for i in (2, 1, 0):\n        if i < 2:")),
+     "loses": ["bw_stage_tests"], "visible": ["bw_stage_tests"]},
     {"name": "stage: right another way, einsum products and W's inputs in a dict",
      "replace": BW_BY_EINSUM, "loses": []},
     {"name": "ZB-H1: each W right after its B (1F1B in two pieces)",
@@ -467,6 +481,16 @@ VARIANTS = [
     {"name": "torch_step: two chunks per rank hard-coded (v = 3 goes wrong)",
      "replace": TWO_CHUNKS_HARD_CODED, "loses": ["torch_step_tests"],
      "visible": ["torch_step_tests"]},
+    {"name": "torch_step: m taken as 2 p, the examples' (fifth pass)",
+     "replace": _edit("torch_step", ("(stages, m, loss_fn=F.mse_loss)",
+                                     "(stages, 2 * p, loss_fn=F.mse_loss)")),
+     "loses": ["torch_step_tests"], "visible": ["torch_step_tests"]},
+    {"name": "torch: the stage index interleaved, the piece contiguous (fifth pass)",
+     "replace": _edit("torch_step", ("PipelineStage(pieces[k], k, v * p, dev) for k in mine]",
+                                     "PipelineStage(pieces[rank * v + c], k, v * p, dev)\n"
+                                     "              for c, k in enumerate(mine)]")),
+     "loses": ["torch_step_tests"], "visible": ["torch_step_tests"],
+     "visible_says": ["pp.torch_layout"]},
     {"name": "torch: contiguous chunks per rank, not interleaved",
      "replace": CONTIGUOUS_CHUNKS, "loses": ["torch_step_tests"],
      "visible": ["torch_step_tests"], "visible_says": ["pp.torch_layout"]},
