@@ -36,6 +36,13 @@ CKPT_RNG_ON_THE_CLASS = _edit("checkpoint", (
 CKPT_RNG_ON_THE_BLOCK = _edit("checkpoint", (
     "        ctx.rng = torch.get_rng_state()\n", "        block.saved_rng = torch.get_rng_state()\n"), (
     "torch.set_rng_state(ctx.rng)", "torch.set_rng_state(ctx.block.saved_rng)"))
+# the fifth pass's: the input and the random state on a stack every call shares
+CKPT_ON_A_MODULE_STACK = _edit("checkpoint", (
+    "class CheckpointFunction(", "_SAVED = []\n\n\nclass CheckpointFunction("), (
+    "        ctx.rng = torch.get_rng_state()\n        ctx.save_for_backward(x)\n",
+    "        _SAVED.append((x, torch.get_rng_state()))\n"), (
+    "        (x,) = ctx.saved_tensors\n", "        x, rng = _SAVED.pop()\n"), (
+    "torch.set_rng_state(ctx.rng)", "torch.set_rng_state(rng)"))
 FSDP_WHOLE_GRADIENTS_CACHED = _edit("sharded_linear", (
     "class ShardedLinearFunction(", "_GRAD_BUFFERS = {}\n\n\nclass ShardedLinearFunction("), (
     "        flat = pack_weight_bias(grad_w, grad_b, full)\n",
@@ -417,6 +424,14 @@ VARIANTS = [
                "            grad_x, grad_w, grad_b = torch.autograd.grad(out, (xd, wd, bd), "
                "grad_out)\n")),
            "loses": _UNIT, "visible_says": ["sharding.fsdp_recomputed"]}),
+    _seen({"name": "FSDP unit: the input on a module-level stack, popped in backward",
+           "replace": _edit("sharded_linear", (
+               "class ShardedLinearFunction(", "_INPUTS = []\n\n\nclass ShardedLinearFunction("), (
+               "        ctx.save_for_backward(x, shard)          # not `full`: it is freed when we "
+               "return\n", "        _INPUTS.append(x)\n        ctx.save_for_backward(shard)\n"), (
+               "        x, shard = ctx.saved_tensors\n",
+               "        (shard,) = ctx.saved_tensors\n        x = _INPUTS.pop()\n")),
+           "loses": _UNIT, "visible_says": ["sharding.fsdp_saved_elsewhere"]}),
     {"name": "right: the weight's gradient by einsum, the input's skipped where not needed",
      "replace": _edit("sharded_linear", (
          "        grad_x = grad_out @ w\n",
@@ -559,6 +574,9 @@ VARIANTS = [
            "visible_says": ["sharding.checkpoint_per_call"]}),
     {"name": "the RNG state kept on the block: one block checkpointed twice shares it",
      "replace": CKPT_RNG_ON_THE_BLOCK, "loses": _CKPT},
+    _seen({"name": "the input and the RNG state on a module-level stack, popped in backward",
+           "replace": CKPT_ON_A_MODULE_STACK, "loses": _CKPT,
+           "visible_says": ["sharding.checkpoint_per_call"]}),
     _seen({"name": "the recomputation runs on the saved input itself, not a detached copy",
            "replace": _edit("checkpoint", ("        x = x.detach().requires_grad_(True)\n", "")),
            "loses": _CKPT, "visible_says": ["sharding.checkpoint_detach"]}),
