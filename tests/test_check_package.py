@@ -101,6 +101,9 @@ def test_scale_hints_fire_in_order_and_a_graders_entry_speaks_first():
     assert hints.keyed_scale_hint(-e, e, 1e-10, 1e-10)[1] == (
         "every element is -1x the reference (a wrong scale factor)")
     assert hints.keyed_scale_hint(e + 1, e, 1e-10, 1e-10)[1] == ""     # not a scaled copy: no guess
+    # an unfilled buffer's leftovers fit a factor like -9e-309: read as never filled, no scale
+    key, _ = hints.keyed_scale_hint(-9.07e-309 * e, e, 1e-10, 1e-10)
+    assert key == "scale.zero"
 
 
 # -- references switched off wherever the library holds them -----------------------------------

@@ -6,7 +6,8 @@ plainly on a laptop would let the same code pass, and the learner would lose the
 hand-in for a mistake the check could have shown. Checks launch through `launch` here instead,
 so the learner sees the audit's message (the line, and what to write) before hand-in, while
 the learner's own cells and the notebook's demos keep dl.launch, where dl.device() is what the
-machine has.
+machine has. A rank the audit stopped makes the check fail with the audit's own message (a
+CheckFailed), so that no check reads a cause of its own into that message's words.
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from dpmp_lab.check.failed import CheckFailed
+from dpmp_lab.launcher.audit import DeviceAuditError
+from dpmp_lab.launcher.failures import LaunchError
 from dpmp_lab.launcher.launch import (
     LaunchResult,
     audit_refused,
@@ -31,8 +35,15 @@ def launch(fn: Callable[..., Any], *args: Any, world_size: int = 4, backend: str
     if device_audit is None:
         device_audit = audit_requested() or not (audit_refused()
                                                  or ranks_have_gpus(backend, world_size))
-    return _launch(fn, *args, world_size=world_size, backend=backend,
-                   device_audit=device_audit, **kwargs)
+    try:
+        return _launch(fn, *args, world_size=world_size, backend=backend,
+                       device_audit=device_audit, **kwargs)
+    except LaunchError as exc:
+        if any(f.raised(DeviceAuditError) for f in exc.failures.values()):
+            # the audit names the line and the fix; a check's own guess at the cause (a size,
+            # a dtype read into "a CPU tensor of shape [9]") would only mislead
+            raise CheckFailed(str(exc)) from None
+        raise
 
 
 __all__ = ["launch"]

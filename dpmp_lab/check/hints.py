@@ -168,7 +168,8 @@ class ScaleHint:
 # A whole factor n reads as a sum over n ranks or micro-batches not divided by n; when n is not
 # the number of ranks of the run it cannot be the ranks.
 SCALE_HINTS: list[ScaleHint] = [
-    ScaleHint(lambda s: s.factor == 0,
+    # |factor| below 1e-9: an unfilled buffer's leftovers (-9e-309x, say), not a scale
+    ScaleHint(lambda s: abs(s.factor) < 1e-9,
               N_("every element is zero: the value was never filled in, or was zeroed after it "
                  "was computed (zero_grad in the wrong place?)"), key="scale.zero"),
     ScaleHint(lambda s: s.whole is not None and s.world is not None and s.whole != s.world
