@@ -313,6 +313,13 @@ VARIANTS = [
          "            dist.reduce_scatter_single(mine, padded, op=dist.ReduceOp.AVG)\n"
          "            shards[name] = mine\n")),
      "loses": []},
+    # the fifth pass's: the padding not zero
+    _seen({"name": "the padding filled with the gradient's first numbers, not zeros",
+           "replace": _edit("zero2_hooks", (
+               "            padded = F.pad(p.grad.reshape(-1), (0, size * world - p.numel()))\n",
+               "            g = p.grad.reshape(-1)\n"
+               "            padded = torch.cat([g, g[:size * world - p.numel()]])\n")),
+           "loses": _Z2, "visible_says": ["sharding.zero2_padding"]}),
     # -- 2 the FSDP unit --------------------------------------------------------------------------
     _seen({"name": "every whole weight gradient cached in a module dict after its reduce-scatter",
            "replace": FSDP_WHOLE_GRADIENTS_CACHED, "loses": _UNIT,
@@ -424,6 +431,11 @@ VARIANTS = [
                "            grad_x, grad_w, grad_b = torch.autograd.grad(out, (xd, wd, bd), "
                "grad_out)\n")),
            "loses": _UNIT, "visible_says": ["sharding.fsdp_recomputed"]}),
+    _seen({"name": "FSDP unit: the gradient's shard made without a dtype (float32)",
+           "replace": _edit("sharded_linear", (
+               "        grad_shard = torch.empty_like(shard)\n",
+               "        grad_shard = torch.zeros(shard.numel(), device=shard.device)\n")),
+           "loses": _UNIT, "visible_says": ["sharding.fsdp_dtype"]}),
     _seen({"name": "FSDP unit: the input on a module-level stack, popped in backward",
            "replace": _edit("sharded_linear", (
                "class ShardedLinearFunction(", "_INPUTS = []\n\n\nclass ShardedLinearFunction("), (
@@ -491,6 +503,12 @@ VARIANTS = [
     _seen({"name": "each rank pre-divides only if its own gradients could overflow the SUM",
            "replace": FP16_FACTOR_BY_RANK,
            "loses": _FP16, "visible_says": ["sharding.fp16_same_factor"]}),
+    _seen({"name": "the caller's gradient divided in place before the SUM (fifth pass)",
+           "replace": _edit("reduce_scatter_fp16", (
+               "    dist.reduce_scatter_single(out, grad16 / world, op=dist.ReduceOp.SUM)\n",
+               "    grad16.div_(world)\n"
+               "    dist.reduce_scatter_single(out, grad16, op=dist.ReduceOp.SUM)\n")),
+           "loses": _FP16, "visible_says": ["sharding.fp16_in_place"]}),
     {"name": "right: divided in place before the SUM, on a copy",
      "replace": _edit("reduce_scatter_fp16", (
          "    dist.reduce_scatter_single(out, grad16 / world, op=dist.ReduceOp.SUM)\n",
