@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from dpmp_lab._helpers import ranks_text
 from dpmp_lab.check.failed import CheckFailed
 from dpmp_lab.launcher.audit import DeviceAuditError
 from dpmp_lab.launcher.failures import LaunchError
@@ -39,10 +40,16 @@ def launch(fn: Callable[..., Any], *args: Any, world_size: int = 4, backend: str
         return _launch(fn, *args, world_size=world_size, backend=backend,
                        device_audit=device_audit, **kwargs)
     except LaunchError as exc:
-        if any(f.raised(DeviceAuditError) for f in exc.failures.values()):
-            # the audit names the line and the fix; a check's own guess at the cause (a size,
-            # a dtype read into "a CPU tensor of shape [9]") would only mislead
-            raise CheckFailed(str(exc)) from None
+        # the audit names the line and the fix; a check's own guess at the cause (a size, a
+        # dtype read into "a CPU tensor of shape [9]") would only mislead, and the traceback
+        # would say the audit's words a second time
+        said: dict[str, list[int]] = {}
+        for failure in sorted(exc.failures.values(), key=lambda f: f.rank):
+            if failure.raised(DeviceAuditError):
+                said.setdefault(failure.message, []).append(failure.rank)
+        if said:
+            raise CheckFailed("\n".join(f"{ranks_text(ranks)}: {message}"
+                                         for message, ranks in said.items())) from None
         raise
 
 
