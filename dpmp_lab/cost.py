@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from dpmp_lab._helpers import whole_number
+from dpmp_lab.i18n.messages import _
 from dpmp_lab.render import Table, human_bytes
 
 
@@ -176,9 +177,9 @@ class Memory:
         return self.params + self.grads + self.optimizer
 
     def table(self) -> Table:
-        parts = (("parameters", self.params), ("gradients", self.grads),
-                 ("optimizer state", self.optimizer), ("total", self.total))
-        return Table(["model state per GPU", "bytes"],
+        parts = ((_("parameters"), self.params), (_("gradients"), self.grads),
+                 (_("optimizer state"), self.optimizer), (_("total"), self.total))
+        return Table([_("model state per GPU"), _("bytes")],
                      [[what, human_bytes(b)] for what, b in parts])
 
     def __str__(self) -> str:

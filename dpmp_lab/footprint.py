@@ -7,9 +7,8 @@ holds at each moment of a training step, sampled from hooks.
     fp.peak("params"); fp.table(); fp.picture(formula=dl.cost.memory(n, dp=2, zero=3))
 
 Moments: as the forward of every module holding parameters directly begins and ends (inside
-FSDP's gather and free, so a gathered unit shows), and
-after backward produces each leaf gradient (for FSDP one per unit: its shard's gradient), plus
-whatever the caller marks. Bytes are counted per storage, each once: a gathered FSDP unit
+FSDP's gather and free, so a gathered unit shows), and after backward produces each leaf
+gradient (for FSDP one per unit: its shard's gradient), plus whatever the caller marks. Bytes are counted per storage, each once: a gathered FSDP unit
 counts while gathered and not after it is freed; ZeRO's flat buffers count where they live.
 This is model state only, as in dl.cost.memory: activations are not counted (on a GPU,
 torch.cuda.max_memory_allocated tells the whole story; fp.cuda_peak holds it there).
@@ -45,6 +44,7 @@ from torch.utils._pytree import tree_leaves
 
 from dpmp_lab._torch_helpers import collect_every_object
 from dpmp_lab.context import device
+from dpmp_lab.i18n.messages import _
 from dpmp_lab.render import PALETTE, Picture, Table, human_bytes, svg_start
 
 MEMORY_KINDS = ("params", "grads", "optimizer")
@@ -116,9 +116,9 @@ class Footprint:
         return max(getattr(s, kind) for s in self.samples)
 
     def table(self) -> Table:
-        return Table(["moment", "params", "grads", "optimizer", "total"],
+        return Table([_("moment"), _("params"), _("grads"), _("optimizer"), _("total")],
                      [[s.moment, *(human_bytes(getattr(s, k)) for k in (*MEMORY_KINDS, "total"))]
-                      for s in self.samples], title="model state held by this rank")
+                      for s in self.samples], title=_("model state held by this rank"))
 
     def picture(self, formula: Any = None, title: str = "") -> FootprintPicture:
         """Bytes over the moments of the step, one line per kind; `formula` (a

@@ -52,6 +52,7 @@ from typing import Any
 import torch
 
 from dpmp_lab._torch_helpers import group_ready, tensors_in
+from dpmp_lab.i18n.messages import _
 from dpmp_lab.render import Table, human_bytes
 
 __all__ = ["BackwardOverlap", "CommEvent", "GradReady", "OPS", "Trace", "matcher", "name_group",
@@ -241,10 +242,11 @@ class Trace:
             row = rows.setdefault((ev.op, ev.group_label, ev.phase), [0, 0])
             row[0] += 1
             row[1] += ev.nbytes
-        who = f"rank {self.rank}" if self.rank is not None else "this process"
-        return Table(["op", "group", "phase", "calls", "bytes"],
+        who = (_("rank {rank}").format(rank=self.rank) if self.rank is not None
+               else _("this process"))
+        return Table([_("op"), _("group"), _("phase"), _("calls"), _("bytes")],
                      [[*k, n, human_bytes(b)] for k, (n, b) in rows.items()],
-                     title=f"communication issued by {who}")
+                     title=_("communication issued by {who}").format(who=who))
 
     def __len__(self) -> int:
         return len(self.events)
@@ -592,7 +594,7 @@ def _in_recording_function() -> bool:
 def _blocking_p2p() -> bool:
     """dist.send/recv are isend/irecv plus a wait; tell them apart by who called."""
     frame = sys._getframe(3)
-    for _ in range(12):   # a dispatch mode (CommDebugMode) may sit in between
+    for _hop in range(12):   # a dispatch mode (CommDebugMode) may sit in between
         if frame is None:
             return False
         if frame.f_code.co_name in ("send", "recv") and "distributed_c10d" in \

@@ -348,6 +348,20 @@ def test_the_library_speaks_the_language_dpmp_lab_lang_names(monkeypatch):
     assert "differs from the reference" in report()
 
 
+def test_the_librarys_tables_read_in_the_language_dpmp_lab_lang_names(monkeypatch):
+    """dl.viz's and the library's tables: their headers and titles in Japanese under
+    DPMP_LAB_LANG=ja (the cells, ops and group names, are identifiers and stay)."""
+    import dpmp_lab as dl
+
+    trace, memory = dl.Trace(), dl.cost.memory(1000, dp=4, zero=1)
+    assert "calls" in str(trace.summary()) and "parameters" in str(memory.table())
+    monkeypatch.setenv("DPMP_LAB_LANG", "ja")
+    summary, state = str(trace.summary()), str(memory.table())
+    assert "呼び出し回数" in summary and "このプロセスが発行した通信" in summary, summary
+    assert "オプティマイザ状態" in state and "GPUあたりのモデル状態" in state, state
+    assert "calls" not in summary and "optimizer" not in state
+
+
 def _raises_on_rank_1() -> None:
     import torch.distributed as dist
 

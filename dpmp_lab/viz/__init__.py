@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dpmp_lab.grid import GridLayout
+from dpmp_lab.i18n.messages import _
 from dpmp_lab.pp import PipelineResult, Schedule, measured_bubble
 from dpmp_lab.render import PALETTE, Picture, Table, cell, human_bytes, svg_start
 from dpmp_lab.trace import traces_of
@@ -55,10 +56,11 @@ def comm(traces: Sequence[Any] | Any, *, bytes: bool = False) -> Table:
                       if (ev.op, ev.group_label, ev.phase) == (op, group, phase)]
             row.append(human_bytes(sum(e.nbytes for e in picked)) if bytes else len(picked))
         rows.append(row)
-    ranks = [f"rank {t.rank}" if t.rank is not None else f"trace {i}"
-             for i, t in enumerate(traces)]
-    what = "payload bytes" if bytes else "calls"
-    return Table(["op", "group", "phase", *ranks], rows, title=f"communication ({what})")
+    ranks = [_("rank {rank}").format(rank=t.rank) if t.rank is not None
+             else _("trace {i}").format(i=i) for i, t in enumerate(traces)]
+    what = _("payload bytes") if bytes else _("calls")
+    return Table([_("op"), _("group"), _("phase"), *ranks], rows,
+                 title=_("communication ({what})").format(what=what))
 
 
 class CommChart(Picture):

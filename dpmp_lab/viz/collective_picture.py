@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from dpmp_lab.i18n.messages import _
 from dpmp_lab.render import PALETTE, Picture, Table, svg_start
 
 __all__ = ["COLLECTIVES", "CollectivePicture", "collective"]
@@ -154,21 +155,21 @@ class CollectivePicture(Picture):
     def legend(self) -> str:
         """What the symbols in this picture mean (only the ones it uses)."""
         boxes = [b for boxes in self._before + self._after for b in boxes]
-        parts = ["x_r = rank r's tensor"]
-        if any(c is not None for b in boxes for _, c in b.pieces):
-            parts.append(f"x_r[c] = its chunk c (torch.tensor_split into {self.n})")
+        parts = [_("x_r = rank r's tensor")]
+        if any(c is not None for b in boxes for _p, c in b.pieces):
+            parts.append(_("x_r[c] = its chunk c (torch.tensor_split into {n})").format(n=self.n))
         if any(len(b.pieces) > 1 for b in boxes):
-            parts.append("x0+x1 = their sum")
+            parts.append(_("x0+x1 = their sum"))
         if any(b.kind == "empty" for b in boxes):
-            parts.append("- = a buffer whose old contents do not matter")
+            parts.append(_("- = a buffer whose old contents do not matter"))
         if any(b.kind == "scratch" for b in boxes):
-            parts.append("? = scratch, do not read")
+            parts.append(_("? = scratch, do not read"))
         return "; ".join(parts)
 
     def __str__(self) -> str:
         rows = [[r, " | ".join(b), " | ".join(a)]
                 for r, (b, a) in enumerate(zip(self.before, self.after, strict=True))]
-        return str(Table(["rank", "before", "after"], rows, title=self.title,
+        return str(Table([_("rank"), _("before"), _("after")], rows, title=self.title,
                          note=f"{self.note}\n{self.legend}"))
 
     def _repr_svg_(self) -> str:
