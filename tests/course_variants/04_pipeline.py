@@ -393,6 +393,20 @@ def run_stage(actions, stage, x, y, loss_fn):
 
 # "visible": the test cells that already fail in the learner's view (hidden tests stripped),
 # before hand-in; "visible_says": words of the hint they show there.
+
+# the fifth learner pass's: the middle stage takes its input's gradient with autograd.grad, which
+# leaves its weights no gradient (right on 2 stages, which have no middle one)
+RUNNER_MIDDLE_NO_WEIGHT_GRADS = {"runner": 'def run_stage(actions, stage, x, y, loss_fn):\n    m = len(actions) // 2\n    xs, ys = x.chunk(m), y.chunk(m)\n    losses = []\n    inputs, outputs, act_sends = {}, {}, {}\n    grad_send = None\n    for a in actions:\n        kind, j = a[0], int(a[1:])\n        if kind == "F":\n            inp = xs[j] if stage.is_first else stage.recv_activation(j)\n            out = stage.module(inp)\n            if stage.is_last:\n                loss = loss_fn(out, ys[j])\n                losses.append(loss.item())\n                out = loss / m\n            else:\n                act_sends[j] = stage.send_activation(out, j)\n            inputs[j], outputs[j] = inp, out\n            del inp, out\n        else:\n            inp, out = inputs.pop(j), outputs.pop(j)\n            if stage.is_first:                   # nothing to hand back: just backward\n                g = stage.recv_grad(j)\n                act_sends.pop(j).work.wait()\n                out.backward(g)\n                g_in = None\n            elif stage.is_last:                  # the loss: backward, hand back d loss / d input\n                out.backward()\n                g_in = inp.grad\n            else:                                # middle: what the previous stage needs is d loss / d input\n                g = stage.recv_grad(j)\n                act_sends.pop(j).work.wait()\n                (g_in,) = torch.autograd.grad(out, inp, g)\n            if g_in is not None:\n                if grad_send is not None:\n                    grad_send.work.wait()\n                grad_send = stage.send_grad(g_in, j)\n            del inp, out, g_in\n    for h in act_sends.values():\n        h.work.wait()\n    if grad_send is not None:\n        grad_send.work.wait()\n    return losses\n'}
+
+# the fifth pass's: the middle stage keeps every send's handle to the end of the step
+RUNNER_MIDDLE_KEEPS_HANDLES = {"runner": 'def run_stage(actions, stage, x, y, loss_fn):\n    m = len(actions) // 2\n    xs, ys = x.chunk(m), y.chunk(m)\n    losses, inputs, outputs, sends = [], {}, {}, {}\n    middle = not (stage.is_first or stage.is_last)\n    kept = []                                   # middle stage: "wait for everything at the end"\n    for a in actions:\n        kind, j = a[0], int(a[1:])\n        if kind == "F":\n            inp = xs[j] if stage.is_first else stage.recv_activation(j)\n            out = stage.module(inp)\n            if stage.is_last:\n                loss = loss_fn(out, ys[j])\n                losses.append(loss.item())\n                out = loss / m\n            else:\n                sends[("a", j)] = stage.send_activation(out, j)\n            inputs[j], outputs[j] = inp, out\n        else:\n            inp, out = inputs.pop(j), outputs.pop(j)\n            if stage.is_last:\n                out.backward()\n            else:\n                out.backward(stage.recv_grad(j))\n                h = sends.pop(("a", j))\n                kept.append(h) if middle else h.work.wait()\n            if not stage.is_first:\n                for k in [k for k in sends if k[0] == "g"]:\n                    sends.pop(k).work.wait()\n                h = stage.send_grad(inp.grad, j)\n                if middle:\n                    kept.append(h)\n                else:\n                    sends[("g", j)] = h\n            del inp, out\n    for h in list(sends.values()) + kept:\n        h.work.wait()\n    return losses\n'}
+
+# the fifth pass's: the micro-batch read as one character (wrong from m = 11 on)
+PEAK_ONE_CHARACTER_INDEX = {"peak": 'def peak_in_flight(row):\n    live, peak = set(), 0\n    for a in row:\n        a = str(a)\n        if a[0] == "F":\n            live.add(int(a[1]))\n            peak = max(peak, len(live))\n        else:\n            live.discard(int(a[1]))\n    return peak\n'}
+
+# the fifth pass's: the count held once the last forward has run, taken for the peak
+PEAK_AT_THE_LAST_FORWARD = {"peak": 'def peak_in_flight(row):\n    row = [str(a) for a in row]\n    last_f = max(i for i, a in enumerate(row) if a[0] == "F")\n    return sum(1 for a in row[:last_f + 1] if a[0] == "F") - sum(1 for a in row[:last_f] if a[0] == "B")\n'}
+
 VARIANTS = [
     {"name": "naive pipeline written for 3 stages (the visible case)",
      "replace": _edit("naive", ("    if rank < p - 1:\n        dist.send(out.detach()",
@@ -503,7 +517,18 @@ VARIANTS = [
      "replace": DIVIDED_BY_A_HARD_CODED_2, "loses": ["dp_pp_tests"],
      "visible": ["dp_pp_tests"], "visible_says": ["pp.dp_fixed_divisor"]},
     {"name": "DP x PP: the replicas' sum divided by world size // 2, right on two stages only",
-     "replace": DIVIDED_BY_WORLD_OVER_2, "loses": ["dp_pp_tests"]},
+     "replace": DIVIDED_BY_WORLD_OVER_2, "loses": ["dp_pp_tests"], "visible": ["dp_pp_tests"],
+     "visible_says": ["pp.dp_fixed_divisor"]},
+    {"name": "runner: the middle stage's weights get no gradient (autograd.grad)",
+     "replace": RUNNER_MIDDLE_NO_WEIGHT_GRADS, "loses": ["runner_tests"],
+     "visible": ["runner_tests"]},
+    {"name": "runner: the middle stage keeps every send's handle to the end",
+     "replace": RUNNER_MIDDLE_KEEPS_HANDLES, "loses": ["runner_tests"],
+     "visible": ["runner_tests"], "visible_says": ["pp.activations_kept"]},
+    {"name": "peak_in_flight: the micro-batch read as one character",
+     "replace": PEAK_ONE_CHARACTER_INDEX, "loses": ["peak_tests"], "visible": ["peak_tests"]},
+    {"name": "peak_in_flight: the count once the last forward has run",
+     "replace": PEAK_AT_THE_LAST_FORWARD, "loses": ["peak_tests"], "visible": ["peak_tests"]},
     {"name": "DP x PP: right numbers, synced after every micro-batch",
      "replace": SYNC_EVERY_MICROBATCH, "loses": ["dp_pp_comm_tests"],
      "visible": ["dp_pp_comm_tests"]},
