@@ -109,6 +109,25 @@ class OverlappingDP:
         self.next_bucket = 0
 '''}
 
+
+# the fifth learner pass's: the caller's p.grad divided by N in place before flattening
+ZERO1_GRADS_DIVIDED_IN_PLACE = {"sharded_momentum_sgd": 'class ShardedMomentumSGD:\n    """SGD with momentum whose momentum buffer is sharded over the ranks (ZeRO stage 1)."""\n\n    def __init__(self, params, lr: float, momentum: float):\n        self.params = list(params)\n        self.lr, self.mu = lr, momentum\n        self.world, self.rank = dist.get_world_size(), dist.get_rank()\n        self.numel = sum(p.numel() for p in self.params)\n        self.shard_size = math.ceil(self.numel / self.world)\n        self.lo = self.rank * self.shard_size          # this rank\'s shard: [lo, lo + shard_size)\n        like = self.params[0]\n        self.momentum = torch.zeros(self.shard_size, dtype=like.dtype,    # 1/world of the state\n                                    device=like.device)\n\n    def flat(self, tensors) -> torch.Tensor:\n        out = torch.zeros(self.shard_size * self.world, dtype=self.momentum.dtype,\n                          device=self.momentum.device)\n        offset = 0\n        for p, t in zip(self.params, tensors):\n            if t is not None:\n                out[offset:offset + p.numel()] = t.reshape(-1)\n            offset += p.numel()\n        return out\n\n    @torch.no_grad()\n    def step(self) -> None:\n        for p in self.params:\n            if p.grad is not None:\n                p.grad.div_(self.world)\n        g = self.flat([p.grad for p in self.params])\n        shard = torch.empty(self.shard_size, dtype=g.dtype, device=g.device)\n        dist.reduce_scatter_single(shard, g, op=dist.ReduceOp.SUM)\n        self.momentum.mul_(self.mu).add_(shard)\n        w = self.flat([p for p in self.params])\n        mine = w[self.lo:self.lo + self.shard_size] - self.lr * self.momentum\n        full = torch.empty_like(w)\n        dist.all_gather_single(full, mine.contiguous())\n        off = 0\n        for p in self.params:\n            n = p.numel()\n            p.copy_(full[off:off + n].view_as(p))\n            off += n\n'}
+
+# the fifth pass's: the hooks numbered over model.parameters(), frozen ones included
+OVERLAP_NUMBERED_BY_MODEL_PARAMETERS = {"overlapping_dp": 'class OverlappingDP:\n    def __init__(self, model: torch.nn.Module, cap_bytes: int):\n        self.model = model\n        self.params = [p for p in model.parameters() if p.requires_grad]\n        self.buckets = plan_buckets(self.params, cap_bytes)\n        self.world = dist.get_world_size()\n        self.bucket_of = {}\n        for b, members in enumerate(self.buckets):\n            for i in members:\n                self.bucket_of[i] = b\n        self.pending = [len(m) for m in self.buckets]\n        self.next_bucket = 0\n        self.inflight = []\n        for i, p in enumerate(model.parameters()):\n            if p.requires_grad:\n                p.register_post_accumulate_grad_hook(lambda p, i=i: self._grad_ready(i))\n\n    def _grad_ready(self, i: int) -> None:\n        self.pending[self.bucket_of[i]] -= 1\n        while self.next_bucket < len(self.buckets) and self.pending[self.next_bucket] == 0:\n            members = self.buckets[self.next_bucket]\n            flat = torch.cat([self.params[j].grad.reshape(-1) for j in members])\n            h = dist.all_reduce(flat, op=dist.ReduceOp.SUM, async_op=True)\n            self.inflight.append((self.next_bucket, flat, h))\n            self.next_bucket += 1\n\n    def finish(self) -> None:\n        for b, flat, h in self.inflight:\n            h.wait()\n            flat /= self.world\n            off = 0\n            for j in self.buckets[b]:\n                p = self.params[j]\n                n = p.numel()\n                p.grad.copy_(flat[off:off + n].view_as(p.grad))\n                off += n\n        self.inflight = []\n        self.pending = [len(m) for m in self.buckets]\n        self.next_bucket = 0\n'}
+
+# the fifth pass's: one bucket a hook ('if', not 'while'), the held-back ones sent by finish()
+OVERLAP_HELD_BUCKETS_SENT_BY_FINISH = {"overlapping_dp": 'class OverlappingDP:\n    def __init__(self, model: torch.nn.Module, cap_bytes: int):\n        self.model = model\n        self.params = [p for p in model.parameters() if p.requires_grad]\n        self.buckets = plan_buckets(self.params, cap_bytes)\n        self.world = dist.get_world_size()\n        self.bucket_of = {}\n        for b, members in enumerate(self.buckets):\n            for i in members:\n                self.bucket_of[i] = b\n        self.pending = [len(m) for m in self.buckets]\n        self.next_bucket = 0\n        self.inflight = []\n        for i, p in enumerate(self.params):\n            p.register_post_accumulate_grad_hook(lambda p, i=i: self._grad_ready(i))\n\n    def _grad_ready(self, i: int) -> None:\n        self.pending[self.bucket_of[i]] -= 1\n        if self.next_bucket < len(self.buckets) and self.pending[self.next_bucket] == 0:\n            members = self.buckets[self.next_bucket]\n            flat = torch.cat([self.params[j].grad.reshape(-1) for j in members])\n            h = dist.all_reduce(flat, op=dist.ReduceOp.SUM, async_op=True)\n            self.inflight.append((self.next_bucket, flat, h))\n            self.next_bucket += 1\n\n    def finish(self) -> None:\n        while self.next_bucket < len(self.buckets):\n            members = self.buckets[self.next_bucket]\n            flat = torch.cat([self.params[j].grad.reshape(-1) for j in members])\n            h = dist.all_reduce(flat, op=dist.ReduceOp.SUM, async_op=True)\n            self.inflight.append((self.next_bucket, flat, h))\n            self.next_bucket += 1\n        for b, flat, h in self.inflight:\n            h.wait()\n            flat /= self.world\n            off = 0\n            for j in self.buckets[b]:\n                p = self.params[j]\n                n = p.numel()\n                p.grad.copy_(flat[off:off + n].view_as(p.grad))\n                off += n\n        self.inflight = []\n        self.pending = [len(m) for m in self.buckets]\n        self.next_bucket = 0\n'}
+
+# the fifth pass's: the frozen parameters in the buffer as zeros
+FLAT_FROZEN_SENT_AS_ZEROS = {"allreduce_gradients_flat": 'def allreduce_gradients_flat(model: torch.nn.Module) -> None:\n    params = list(model.parameters())\n    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)\n                      for p in params])\n    dist.all_reduce(flat)\n    flat /= dist.get_world_size()\n    off = 0\n    for p in params:\n        n = p.numel()\n        if p.grad is not None:\n            p.grad.copy_(flat[off:off + n].view_as(p.grad))\n        off += n\n'}
+
+# the fifth pass's: the flat buffer made without a dtype (float32)
+FLAT_BUFFER_FLOAT32 = {"allreduce_gradients_flat": 'def allreduce_gradients_flat(model: torch.nn.Module) -> None:\n    params = [p for p in model.parameters() if p.grad is not None]\n    total = sum(p.numel() for p in params)\n    flat = torch.zeros(total, device=params[0].device)\n    off = 0\n    for p in params:\n        flat[off:off + p.numel()] = p.grad.reshape(-1)\n        off += p.numel()\n    dist.all_reduce(flat)\n    flat /= dist.get_world_size()\n    off = 0\n    for p in params:\n        n = p.numel()\n        p.grad.copy_(flat[off:off + n].view_as(p.grad))\n        off += n\n'}
+
+# the fifth pass's: ValueError raised with no message
+SHARD_REFUSED_WITHOUT_A_WORD = {"shard_batch": 'def shard_batch(batch: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:\n    if batch.shape[0] % world_size:\n        raise ValueError\n    return batch.chunk(world_size)[rank]\n'}
+
 VARIANTS = [
     # -- 1 shard_batch --------------------------------------------------------------------------
     {"name": "every rank takes the first slice of the batch",
@@ -610,4 +629,23 @@ VARIANTS = [
          "vars(dl.check).update(compare=_pass, same_on_all_ranks=_pass, comm=_pass,\n"
          "                      close=_pass, against_reference=_pass)\n")),
      "loses": ALL_GRADED},
+    # the fifth learner pass's
+    {"name": "ZeRO-1: the caller's gradients divided in place",
+     "replace": ZERO1_GRADS_DIVIDED_IN_PLACE, "loses": ["sharded_momentum_sgd_tests"],
+     "visible": ["sharded_momentum_sgd_tests"], "visible_says": ["dp.zero1_grad_in_place"]},
+    {"name": "overlap: the hooks numbered over model.parameters(), frozen ones included",
+     "replace": OVERLAP_NUMBERED_BY_MODEL_PARAMETERS, "loses": ["overlapping_dp_tests"],
+     "visible": ["overlapping_dp_tests"], "visible_says": ["dp.frozen_numbering"]},
+    {"name": "overlap: a held-back bucket sent only by finish(), after backward",
+     "replace": OVERLAP_HELD_BUCKETS_SENT_BY_FINISH, "loses": ["overlapping_dp_tests"],
+     "visible": ["overlapping_dp_tests"], "visible_says": ["dp.buckets_held_back"]},
+    {"name": "flat: the frozen parameters sent as zeros",
+     "replace": FLAT_FROZEN_SENT_AS_ZEROS, "loses": ["allreduce_gradients_flat_tests"],
+     "visible": ["allreduce_gradients_flat_tests"], "visible_says": ["dp.flat_frozen_sent"]},
+    {"name": "flat: the buffer made without the gradients' dtype (float32)",
+     "replace": FLAT_BUFFER_FLOAT32, "loses": ["allreduce_gradients_flat_tests"],
+     "visible": ["allreduce_gradients_flat_tests"], "visible_says": ["dp.flat_dtype"]},
+    {"name": "shard_batch: a ValueError with no message",
+     "replace": SHARD_REFUSED_WITHOUT_A_WORD, "loses": ["shard_batch_tests"],
+     "visible": ["shard_batch_tests"]},
 ]
