@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import linecache
 import multiprocessing
 import signal
@@ -39,6 +40,7 @@ from dpmp_lab.launcher.failures import (
 from dpmp_lab.launcher.protocol import MESSAGE_MARGIN, Raised, Returned, Started
 from dpmp_lab.launcher.receiving import Result, receive
 from dpmp_lab.launcher.stacks import dump_complete, stack_from_dump
+from dpmp_lab.trace import Trace
 
 CELL = "/tmp/ipykernel_0/cell-3.py"
 C10D = "/site-packages/torch/distributed/distributed_c10d.py"
@@ -420,6 +422,12 @@ def test_a_wait_on_a_request_handle_is_its_own_kind_of_hang():
     assert waits_on_handle(in_wait)
     assert waits_on_handle(f'  File "{CELL}", line 6, in f\n    dist.isend(t, 1).wait(timeout=td)')
     assert not waits_on_handle(f'  File "{CELL}", line 6, in f\n    dist.all_reduce(t)')
+    # dl.trace records each wait in a wrapper of its own: the learner's line is under it
+    traced = in_wait.replace("work.wait()", "stage.send_activation(out, j).work.wait()") + (
+        f'\n  File "{inspect.getfile(Trace)}", line 9, in wait\n'
+        "    return original(work, *args, **kwargs)")
+    assert waits_on_handle(traced)
+    assert not waits_on_handle(traced.replace(".work.wait()", ".work"))
     failures = {0: exception(0, "torch.distributed.DistBackendError", "Timed out", in_wait)}
     err = launch_error(failures, output=[""], finished=[], pg_timeout=2)
     assert isinstance(err, LaunchTimeout) and err.hint == HANDLE_HANG_HINT

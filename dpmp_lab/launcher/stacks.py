@@ -13,6 +13,7 @@ import linecache
 import os
 import re
 
+import dpmp_lab
 from dpmp_lab.launcher import worker
 
 _DUMP_FRAME = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+) in (?P<name>.*)$')
@@ -101,10 +102,22 @@ _HANDLE_WAIT_RE = re.compile(r"\.wait\(\s*(timeout\s*=[^)]*)?\)")
 
 def waits_on_handle(stack: str) -> bool:
     """The innermost line of a stack waits on a request handle (the Work an isend, an irecv or
-    an async collective returned): `work.wait()` runs in C++, so no torch frame shows it."""
-    frames = [m.group("file") for m in _FRAME_RE.finditer(stack)]
-    lines = stack.rstrip().splitlines()
-    if not frames or not lines or "distributed_c10d" in frames[-1]:
+    an async collective returned): `work.wait()` runs in C++, so no torch frame shows it. The
+    library's own frames inside it (dl.trace's record of each wait) are looked through, to the
+    first frame of the code that waited."""
+    frames: list[tuple[str, str]] = []      # (file, its source line), outermost first
+    for line in stack.rstrip().splitlines():
+        found = _FRAME_RE.search(line)
+        if found:
+            frames.append((found.group("file"), ""))
+        elif frames and not frames[-1][1] and (code := _SOURCE_LINE_RE.match(line)):
+            frames[-1] = (frames[-1][0], code.group("code"))
+    if not frames or "distributed_c10d" in frames[-1][0]:
         return False
-    last = _SOURCE_LINE_RE.match(lines[-1])
-    return bool(last and _HANDLE_WAIT_RE.search(last.group("code")))
+    package = os.path.dirname(os.path.abspath(dpmp_lab.__file__)) + os.sep
+    for file, code in reversed(frames):
+        if _HANDLE_WAIT_RE.search(code):
+            return True
+        if not os.path.abspath(file).startswith(package):
+            return False
+    return False
