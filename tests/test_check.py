@@ -253,6 +253,24 @@ def test_gather_where_a_sum_belongs():
     assert "an all_reduce where an all_gather belongs" in comm_failure(t, {"all_gather": 1})
 
 
+def reads_before_waiting(wait: bool) -> float:
+    x = torch.ones(3, device=dl.device())
+    handle = dist.all_reduce(x, async_op=True)
+    if wait:
+        handle.wait()
+    return float(x[0])
+
+
+def test_an_async_call_never_waited_on_is_named_as_such(warm):
+    res = dl.launch(reads_before_waiting, False, world_size=2, trace=True, stream=False)
+    with pytest.raises(CheckFailed) as info:
+        dl.check.all_waited(res, "my_step")
+    assert "rank 0: my_step issued 1 asynchronous call(s)" in str(info.value)
+    assert "[hint: check.unwaited]" in str(info.value)
+    dl.check.all_waited(dl.launch(reads_before_waiting, True, world_size=2, trace=True,
+                                  stream=False), "my_step")
+
+
 def test_a_reduction_by_hand_is_named_by_its_collectives_and_none_is_asked_for():
     ranks = (0, 1, 2)
     one_rank = [trace_of(("reduce", ranks, None, None), ("broadcast", ranks, None, None),

@@ -14,7 +14,8 @@ not our internals.
     numbers        compare, close, same_on_all_ranks, against_reference; grads, params
     communication  comm, overlaps_backward: exact counts per op, group and phase, and bytes;
                    reduced_in_one_collective: no reduction done by hand around collectives;
-                   accumulation_sends: the backwards of gradient accumulation that sent
+                   accumulation_sends: the backwards of gradient accumulation that sent;
+                   all_waited: every asynchronous call's handle waited on
     references     references_off, with_references_off: the library's versions switched off;
                    stand_ins: the library's versions standing in for earlier answers
     sides          on_learners_side: a test's part that must run beside the learner's code
@@ -26,6 +27,7 @@ not our internals.
 from dpmp_lab.check.audited import launch
 from dpmp_lab.check.communication import (
     accumulation_sends,
+    all_waited,
     comm,
     overlaps_backward,
     reduced_in_one_collective,
@@ -52,6 +54,7 @@ from dpmp_lab.check.sides import on_learners_side
 from dpmp_lab.trace import OPS
 
 __all__ = ["FP32", "FP64", "OPS", "CheckFailed", "ReferenceSwitchedOff", "accumulation_sends",
+           "all_waited",
            "against_reference", "close", "comm", "compare", "grads", "launch",
            "on_learners_side", "overlaps_backward", "params", "reduced_in_one_collective",
            "references_off", "row_parts", "same_on_all_ranks", "stand_ins",

@@ -49,7 +49,7 @@ def launch(fn: Callable[..., Any], *args: Any, world_size: int = 4, backend: str
                 said.setdefault(failure.message, []).append(failure.rank)
         if said:
             raise CheckFailed("\n".join(f"{ranks_text(ranks)}: {message}"
-                                         for message, ranks in said.items())) from None
+                                        for message, ranks in said.items())) from None
         raise
 
 

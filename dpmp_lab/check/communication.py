@@ -28,6 +28,7 @@ from dpmp_lab.check.hints import (
     BLOCKING_HINT,
     OVERLAP_HINT,
     REDUCED_BY_HAND,
+    UNWAITED_HINT,
     CommTable,
     Row,
     keyed_likely_mistakes,
@@ -39,7 +40,7 @@ from dpmp_lab.i18n.messages import _
 from dpmp_lab.render import Table, cell, human_bytes
 from dpmp_lab.trace import Trace, matcher, traces_of
 
-__all__ = ["accumulation_sends", "comm", "comm_table", "overlaps_backward", "parse_key",
+__all__ = ["accumulation_sends", "all_waited", "comm", "comm_table", "overlaps_backward", "parse_key",
            "reduced_in_one_collective"]
 
 Key = tuple[str, Any, str | None]   # (op, group, phase); None: any
@@ -88,6 +89,19 @@ def reduced_in_one_collective(traces: Any, step: str) -> None:
             _("{step} issued {ops} calls, on {world} ranks.").format(
                 step=step, ops=" and ".join(used), world=len(ts))
             + "\n" + likely(REDUCED_BY_HAND[used[0]]))
+
+
+def all_waited(traces: Any, step: str) -> None:
+    """Assert that no rank issued an asynchronous call whose handle it never waited on inside
+    its trace (Trace.unwaited): the exercises that leave async_op to the learner ask this way,
+    so that a result read early fails for that reason, not as wrong numbers."""
+    for i, t in enumerate(traces_of(traces)):
+        if t.unwaited():
+            rank = t.rank if t.rank is not None else i
+            raise CheckFailed(
+                _("rank {rank}: {step} issued {n} asynchronous call(s) whose handle it never "
+                  "waited on.").format(rank=rank, step=step, n=t.unwaited())
+                + "\n" + likely(UNWAITED_HINT))
 
 
 def accumulation_sends(traces: Any, steps: int, n_micro: int, n_buckets: int,

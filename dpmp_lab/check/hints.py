@@ -48,7 +48,7 @@ from dpmp_lab.trace import CommEvent, matcher
 __all__ = ["BLOCKING_HINT", "COMM_HINTS", "CommHint", "CommTable", "HINT_TAG", "OVERLAP_HINT",
            "GATHERED_SUM", "ONE_RANK_REDUCES", "P2P", "P2P_ADVICE",
            "REDUCED_BY_HAND", "REPLICA_HINT", "Row", "SCALE_HINTS", "Scale", "ScaleHint",
-           "UNFILLED_HINT", "exercise_key", "keyed_likely_mistakes", "keyed_scale_hint",
+           "UNFILLED_HINT", "UNWAITED_HINT", "exercise_key", "keyed_likely_mistakes", "keyed_scale_hint",
            "keyed_unfilled_hint", "likely", "tag", "where"]
 
 # -- the keys a failure carries ----------------------------------------------------------------
@@ -89,6 +89,11 @@ BLOCKING_HINT = N_("the hooks started each all-reduce at the right moment, then 
                    "(a call without async_op returns only once its result has arrived, and so "
                    "does a handle's wait() called at once), so backward stood still meanwhile; "
                    "overlap needs a handle at once, and the wait after backward")
+
+UNWAITED_HINT = N_("an asynchronous call returns at once and fills its tensor later; only its "
+                   "handle's wait() says the result is there (on gloo it often is already, on "
+                   "a GPU it is not), so a result read without it is whatever the buffer held "
+                   "then. [hint: check.unwaited]")
 
 # a reduction the ranks did by hand around collectives that only move data: one rank adding
 # for all and sending the sum back, or every rank receiving all N copies to add them up

@@ -128,6 +128,22 @@ FLAT_BUFFER_FLOAT32 = {"allreduce_gradients_flat": 'def allreduce_gradients_flat
 # the fifth pass's: ValueError raised with no message
 SHARD_REFUSED_WITHOUT_A_WORD = {"shard_batch": 'def shard_batch(batch: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:\n    if batch.shape[0] % world_size:\n        raise ValueError\n    return batch.chunk(world_size)[rank]\n'}
 
+
+# the fifth pass's: the update before finish_gradient_sync(), with this rank's own sum
+ACCUMULATION_UPDATE_BEFORE_SYNC = {"accumulation_step": 'def accumulation_step(model: dl.dp.DataParallel, x: torch.Tensor, y: torch.Tensor,\n                      n_micro: int, lr: float) -> None:\n    model.zero_grad()\n    for k, (xb, yb) in enumerate(zip(x.chunk(n_micro), y.chunk(n_micro))):\n        ctx = model.no_sync() if k < n_micro - 1 else contextlib.nullcontext()\n        with ctx:\n            (F.mse_loss(model(xb), yb) / n_micro).backward()\n    sgd_step(model, lr)\n    model.finish_gradient_sync()\n'}
+
+# the fifth pass's: the momentum accumulates the sum, the division moved into the update
+ZERO1_MOMENTUM_OF_THE_SUM = {"sharded_momentum_sgd": 'class ShardedMomentumSGD:\n    """SGD with momentum whose momentum buffer is sharded over the ranks (ZeRO stage 1)."""\n\n    def __init__(self, params, lr: float, momentum: float):\n        self.params = list(params)\n        self.lr, self.mu = lr, momentum\n        self.world, self.rank = dist.get_world_size(), dist.get_rank()\n        self.numel = sum(p.numel() for p in self.params)\n        self.shard_size = math.ceil(self.numel / self.world)\n        self.lo = self.rank * self.shard_size          # this rank\'s shard: [lo, lo + shard_size)\n        like = self.params[0]\n        self.momentum = torch.zeros(self.shard_size, dtype=like.dtype,    # 1/world of the state\n                                    device=like.device)\n\n    def flat(self, tensors) -> torch.Tensor:\n        out = torch.zeros(self.shard_size * self.world, dtype=self.momentum.dtype,\n                          device=self.momentum.device)\n        offset = 0\n        for p, t in zip(self.params, tensors):\n            if t is not None:\n                out[offset:offset + p.numel()] = t.reshape(-1)\n            offset += p.numel()\n        return out\n\n    @torch.no_grad()\n    def step(self) -> None:\n        g = self.flat([p.grad for p in self.params])\n        shard = torch.empty(self.shard_size, dtype=g.dtype, device=g.device)\n        dist.reduce_scatter_single(shard, g, op=dist.ReduceOp.SUM)\n        self.momentum.mul_(self.mu).add_(shard)\n        w = self.flat([p for p in self.params])\n        mine = w[self.lo:self.lo + self.shard_size] - self.lr * self.momentum / self.world\n        full = torch.empty_like(w)\n        dist.all_gather_single(full, mine.contiguous())\n        off = 0\n        for p in self.params:\n            n = p.numel()\n            p.copy_(full[off:off + n].view_as(p))\n            off += n\n'}
+
+# the fifth pass's: the shard's size from the notebook's BATCH
+SHARD_BY_THE_NOTEBOOKS_BATCH = {"shard_batch": 'def shard_batch(batch: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:\n    if BATCH % world_size != 0:\n        raise ValueError(f"{BATCH} samples do not split evenly over {world_size} ranks")\n    per = BATCH // world_size\n    return batch[rank * per:(rank + 1) * per]\n'}
+
+# the fifth pass's: async all-reduces read without waiting
+DP_STEP_NEVER_WAITED = {"dp_train_step": 'def dp_train_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, lr: float) -> float:\n    model.zero_grad()\n    loss = F.mse_loss(model(x), y)\n    loss.backward()\n    world = dist.get_world_size()\n    for p in model.parameters():\n        if p.grad is not None:\n            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, async_op=True)\n            p.grad /= world\n    with torch.no_grad():\n        for p in model.parameters():\n            if p.grad is not None:\n                p -= lr * p.grad\n    return loss.item()\n'}
+
+# the fifth pass's: the flat buffer's async all-reduce read without waiting
+FLAT_NEVER_WAITED = {"allreduce_gradients_flat": 'def allreduce_gradients_flat(model: torch.nn.Module) -> None:\n    params = [p for p in model.parameters() if p.grad is not None]\n    flat = torch.cat([p.grad.reshape(-1) for p in params])\n    work = dist.all_reduce(flat, async_op=True)\n    flat /= dist.get_world_size()\n    off = 0\n    for p in params:\n        n = p.numel()\n        p.grad.copy_(flat[off:off + n].view_as(p.grad))\n        off += n\n'}
+
 VARIANTS = [
     # -- 1 shard_batch --------------------------------------------------------------------------
     {"name": "every rank takes the first slice of the batch",
@@ -648,4 +664,20 @@ VARIANTS = [
     {"name": "shard_batch: a ValueError with no message",
      "replace": SHARD_REFUSED_WITHOUT_A_WORD, "loses": ["shard_batch_tests"],
      "visible": ["shard_batch_tests"]},
+    {"name": "accumulation: the update before finish_gradient_sync()",
+     "replace": ACCUMULATION_UPDATE_BEFORE_SYNC, "loses": ["accumulation_step_tests"],
+     "visible": ["accumulation_step_tests"],
+     "visible_says": ["dp.accumulation_update_before_sync"]},
+    {"name": "ZeRO-1: the momentum of the sum over the ranks, divided in the update",
+     "replace": ZERO1_MOMENTUM_OF_THE_SUM, "loses": ["sharded_momentum_sgd_tests"],
+     "visible": ["sharded_momentum_sgd_tests"], "visible_says": ["dp.zero1_momentum_of_the_sum"]},
+    {"name": "shard_batch: the size taken from the notebook's BATCH",
+     "replace": SHARD_BY_THE_NOTEBOOKS_BATCH, "loses": ["shard_batch_tests"],
+     "visible": ["shard_batch_tests"], "visible_says": ["dp.shard_other_size"]},
+    {"name": "dp_train_step: async all-reduces never waited on",
+     "replace": DP_STEP_NEVER_WAITED, "loses": ["dp_train_step_tests"],
+     "visible": ["dp_train_step_tests"], "visible_says": ["check.unwaited"]},
+    {"name": "flat: the async all-reduce never waited on",
+     "replace": FLAT_NEVER_WAITED, "loses": ["allreduce_gradients_flat_tests"],
+     "visible": ["allreduce_gradients_flat_tests"], "visible_says": ["check.unwaited"]},
 ]
