@@ -40,8 +40,8 @@ from dpmp_lab.i18n.messages import _
 from dpmp_lab.render import Table, cell, human_bytes
 from dpmp_lab.trace import Trace, matcher, traces_of
 
-__all__ = ["accumulation_sends", "all_waited", "comm", "comm_table", "overlaps_backward", "parse_key",
-           "reduced_in_one_collective"]
+__all__ = ["accumulation_sends", "all_waited", "comm", "comm_table", "overlaps_backward",
+           "parse_key", "reduced_in_one_collective"]
 
 Key = tuple[str, Any, str | None]   # (op, group, phase); None: any
 

@@ -48,8 +48,8 @@ from dpmp_lab.trace import CommEvent, matcher
 __all__ = ["BLOCKING_HINT", "COMM_HINTS", "CommHint", "CommTable", "HINT_TAG", "OVERLAP_HINT",
            "GATHERED_SUM", "ONE_RANK_REDUCES", "P2P", "P2P_ADVICE",
            "REDUCED_BY_HAND", "REPLICA_HINT", "Row", "SCALE_HINTS", "Scale", "ScaleHint",
-           "UNFILLED_HINT", "UNWAITED_HINT", "exercise_key", "keyed_likely_mistakes", "keyed_scale_hint",
-           "keyed_unfilled_hint", "likely", "tag", "where"]
+           "UNFILLED_HINT", "UNWAITED_HINT", "exercise_key", "keyed_likely_mistakes",
+           "keyed_scale_hint", "keyed_unfilled_hint", "likely", "tag", "where"]
 
 # -- the keys a failure carries ----------------------------------------------------------------
 

@@ -24,8 +24,8 @@ grade nor the feedback is silent about it. What it finds:
   those names spelled in a string.
 
 A scan reads code, it does not run it: a learner who builds these names at run time gets
-past it, and changes what their own ranks report (docs/instructor-guide.md says so); the tests themselves
-stay out of reach.
+past it, and changes what their own ranks report (docs/instructor-guide.md says so); the tests
+themselves stay out of reach.
 """
 
 from __future__ import annotations
