@@ -92,7 +92,7 @@ BLOCKING_HINT = N_("the hooks started each all-reduce at the right moment, then 
 
 UNWAITED_HINT = N_("an asynchronous call returns at once and fills its tensor later; only its "
                    "handle's wait() says the result is there (on gloo it often is already, on "
-                   "a GPU it is not), so a result read without it is whatever the buffer held "
+                   "a GPU usually not), so a result read without it is whatever the buffer held "
                    "then. [hint: check.unwaited]")
 
 # a reduction the ranks did by hand around collectives that only move data: one rank adding
