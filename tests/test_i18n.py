@@ -360,6 +360,9 @@ def test_the_librarys_tables_read_in_the_language_dpmp_lab_lang_names(monkeypatc
     assert "呼び出し回数" in summary and "このプロセスが発行した通信" in summary, summary
     assert "オプティマイザ状態" in state and "GPUあたりのモデル状態" in state, state
     assert "calls" not in summary and "optimizer" not in state
+    schedule, picture = str(dl.pp.one_f_one_b(2, 2)), str(dl.viz.timeline(dl.pp.gpipe(2, 2)))
+    assert "マイクロバッチm=2個" in schedule and "ステージ 1" in schedule, schedule
+    assert "アイドル" in picture and "タイムステップ" in picture, picture
 
 
 def _raises_on_rank_1() -> None:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from dpmp_lab.cost import pp_bubble
+from dpmp_lab.i18n.messages import _
 
 __all__ = ["Action", "Bubble", "Schedule", "Span", "measured_bubble"]
 
@@ -121,6 +122,10 @@ class Schedule:
 
     def row_name(self, rank: int) -> str:
         return f"stage {rank}" if self.n_chunks == 1 else f"rank {rank}"
+
+    def row_label(self, rank: int) -> str:
+        """row_name in the learner's language, for what a table or a picture shows."""
+        return (_("stage {rank}") if self.n_chunks == 1 else _("rank {rank}")).format(rank=rank)
 
     # -- validation and simulation --------------------------------------------------------
 
@@ -249,30 +254,35 @@ class Schedule:
         p, m, v = self.n_stages, self.n_microbatches, self.n_chunks
         costs = f"F=1 B={self.backward_cost}" + (f" W={self.weight_cost}"
                                                  if any(self.splits_backward) else "")
-        sizes = f"p={p} stages" if v == 1 else f"p={p} ranks x v={v} chunks"
+        sizes = (_("p={p} stages").format(p=p) if v == 1
+                 else _("p={p} ranks x v={v} chunks").format(p=p, v=v))
         formula = _FORMULAS.get(self.name)
         if formula and self.name == "naive":
-            formula_text = f" (formula {formula} = {(p - 1) / p:.1%})"
+            formula_text = _(" (formula {formula} = {value})").format(
+                formula=formula, value=f"{(p - 1) / p:.1%}")
         elif formula and _formula_holds(self):
             value = pp_bubble(self.name, p, m, v, t_b=self.backward_cost,
                               t_w=self.weight_cost)
-            formula_text = f" (formula {formula} = {value:.1%})"
+            formula_text = _(" (formula {formula} = {value})").format(
+                formula=formula, value=f"{value:.1%}")
         else:
             formula_text = ""
-        return (f"{self.name}: {sizes}, m={m} micro-batches, {costs} time steps; bubble "
-                f"{self.bubble_fraction:.1%} of the grid{formula_text}; activations held at "
-                "most " + ", ".join(str(self.peak_in_flight(s)) for s in range(p))
-                + (" per stage" if v == 1 else " per rank (chunk x micro-batch)"))
+        held = ", ".join(str(self.peak_in_flight(s)) for s in range(p))
+        per = _(" per stage") if v == 1 else _(" per rank (chunk x micro-batch)")
+        return _("{name}: {sizes}, m={m} micro-batches, {costs} time steps; bubble {bubble} of "
+                 "the grid{formula}; activations held at most {held}{per}").format(
+            name=self.name, sizes=sizes, m=m, costs=costs, bubble=f"{self.bubble_fraction:.1%}",
+            formula=formula_text, held=held, per=per)
 
     def __str__(self) -> str:
         rows = self.grid
         width = max(2, len(str(self.makespan - 1)), *(len(c) for row in rows for c in row))
-        label = len(self.row_name(self.n_stages - 1))
+        label = max(len(_("time")), *(len(self.row_label(s)) for s in range(self.n_stages)))
         out = [self.describe(),
-               "time".ljust(label) + " " + " ".join(str(t).ljust(width)
+               _("time").ljust(label) + " " + " ".join(str(t).ljust(width)
                                                     for t in range(self.makespan))]
         for s, row in enumerate(rows):
-            out.append(self.row_name(s).ljust(label) + " "
+            out.append(self.row_label(s).ljust(label) + " "
                        + " ".join(c.ljust(width) for c in row))
         return "\n".join(line.rstrip() for line in out)
 
@@ -294,7 +304,7 @@ class Schedule:
             if t < self.makespan:
                 cells.append(f'<td colspan="{self.makespan - t}" '
                              f'style="background:{_IDLE_COLOUR}"></td>')
-            body.append(f"<tr><th>{self.row_name(s)}</th>{''.join(cells)}</tr>")
+            body.append(f"<tr><th>{self.row_label(s)}</th>{''.join(cells)}</tr>")
         legend = ("F forward, B backward" + (" (input gradient only on ranks with W), W weight "
                                              "gradient" if any(self.splits_backward) else "")
                   + ("; darker = later chunk" if self.n_chunks > 1 else ""))

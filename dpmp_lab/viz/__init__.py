@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dpmp_lab.grid import GridLayout
-from dpmp_lab.i18n.messages import _
+from dpmp_lab.i18n.messages import N_, _
 from dpmp_lab.pp import PipelineResult, Schedule, measured_bubble
 from dpmp_lab.render import PALETTE, Picture, Table, cell, human_bytes, svg_start
 from dpmp_lab.trace import traces_of
@@ -290,9 +290,9 @@ class Timeline(Picture):
                     else s.kind * (b - a)
                 line[a:b] = list(text)
             out.append(f"{label.ljust(label_w)} |{''.join(line[:self.width])}| "
-                       f"idle {idle:.0%}")
+                       + _("idle {share}").format(share=f"{idle:.0%}"))
         out.append(" " * (label_w + 1) + "0" + f"{self.end:.4g}".rjust(self.width + 1)
-                   + f" {self.unit}")
+                   + f" {_(self.unit)}")
         return "\n".join(out)
 
     def _repr_svg_(self) -> str:
@@ -316,17 +316,18 @@ class Timeline(Picture):
                 out.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{row_h - 4}" '
                            f'fill="{_colour(s)}" stroke="white" stroke-width="0.5">'
                            f"<title>{_label(s)}: {s.start:g}-{s.end:g} "
-                           f"{self.unit}</title></rect>")
+                           f"{html.escape(_(self.unit))}</title></rect>")
                 if w >= 6 * len(_label(s)):
                     out.append(f'<text x="{x + w / 2:.1f}" y="{y + 16}" text-anchor="middle" '
                                f'fill="white">{_label(s)}</text>')
-            out.append(f'<text x="{label_w + plot_w + 6}" y="{y + 17}">idle {idle:.0%}</text>')
+            share = html.escape(_("idle {share}").format(share=f"{idle:.0%}"))
+            out.append(f'<text x="{label_w + plot_w + 6}" y="{y + 17}">{share}</text>')
         y = top + len(self.rows) * row_h + 14
         for k in range(6):
             t = self.end * k / 5
             out.append(f'<text x="{x_of(t):.1f}" y="{y}" text-anchor="middle">{t:.3g}</text>')
         out.append(f'<text x="{label_w + plot_w / 2}" y="{y + 16}" text-anchor="middle">'
-                   f"time ({html.escape(self.unit)})</text>")
+                   f"{html.escape(_('time ({unit})').format(unit=_(self.unit)))}</text>")
         legend_y = y + 34
         spans = [s for _, row in self.rows for s in row]
         kinds = [k for k in _KIND_COLOUR if any(s.kind == k for s in spans)]
@@ -354,8 +355,8 @@ def timeline(schedule_or_run: Any, *, width: int | None = None) -> Timeline:
     """
     if isinstance(schedule_or_run, Schedule):
         s = schedule_or_run
-        rows = [(f"stage {i}", spans) for i, spans in enumerate(s.spans)]
-        return Timeline(rows, unit="time steps", title=s.describe(), width=width)
+        rows = [(s.row_label(i), spans) for i, spans in enumerate(s.spans)]
+        return Timeline(rows, unit=N_("time steps"), title=s.describe(), width=width)
     results = list(getattr(schedule_or_run, "values", schedule_or_run))
     if not results or not all(isinstance(r, PipelineResult) for r in results):
         raise TypeError("dl.viz.timeline draws a pp.Schedule, or the PipelineResults of a run "
@@ -369,4 +370,4 @@ def timeline(schedule_or_run: Any, *, width: int | None = None) -> Timeline:
     title = (f"{results[0].schedule}, measured: p={results[0].n_stages} stages, "
              f"m={1 + max(s.microbatch for s in results[0].spans)} micro-batches; "
              f"bubble {bubble:.1%}")
-    return Timeline(rows, unit="ms", title=title, width=width)
+    return Timeline(rows, unit=N_("ms"), title=title, width=width)
