@@ -280,7 +280,7 @@ class Schedule:
         label = max(len(_("time")), *(len(self.row_label(s)) for s in range(self.n_stages)))
         out = [self.describe(),
                _("time").ljust(label) + " " + " ".join(str(t).ljust(width)
-                                                    for t in range(self.makespan))]
+                                                       for t in range(self.makespan))]
         for s, row in enumerate(rows):
             out.append(self.row_label(s).ljust(label) + " "
                        + " ".join(c.ljust(width) for c in row))
