@@ -111,38 +111,282 @@ class OverlappingDP:
 
 
 # the fifth learner pass's: the caller's p.grad divided by N in place before flattening
-ZERO1_GRADS_DIVIDED_IN_PLACE = {"sharded_momentum_sgd": 'class ShardedMomentumSGD:\n    """SGD with momentum whose momentum buffer is sharded over the ranks (ZeRO stage 1)."""\n\n    def __init__(self, params, lr: float, momentum: float):\n        self.params = list(params)\n        self.lr, self.mu = lr, momentum\n        self.world, self.rank = dist.get_world_size(), dist.get_rank()\n        self.numel = sum(p.numel() for p in self.params)\n        self.shard_size = math.ceil(self.numel / self.world)\n        self.lo = self.rank * self.shard_size          # this rank\'s shard: [lo, lo + shard_size)\n        like = self.params[0]\n        self.momentum = torch.zeros(self.shard_size, dtype=like.dtype,    # 1/world of the state\n                                    device=like.device)\n\n    def flat(self, tensors) -> torch.Tensor:\n        out = torch.zeros(self.shard_size * self.world, dtype=self.momentum.dtype,\n                          device=self.momentum.device)\n        offset = 0\n        for p, t in zip(self.params, tensors):\n            if t is not None:\n                out[offset:offset + p.numel()] = t.reshape(-1)\n            offset += p.numel()\n        return out\n\n    @torch.no_grad()\n    def step(self) -> None:\n        for p in self.params:\n            if p.grad is not None:\n                p.grad.div_(self.world)\n        g = self.flat([p.grad for p in self.params])\n        shard = torch.empty(self.shard_size, dtype=g.dtype, device=g.device)\n        dist.reduce_scatter_single(shard, g, op=dist.ReduceOp.SUM)\n        self.momentum.mul_(self.mu).add_(shard)\n        w = self.flat([p for p in self.params])\n        mine = w[self.lo:self.lo + self.shard_size] - self.lr * self.momentum\n        full = torch.empty_like(w)\n        dist.all_gather_single(full, mine.contiguous())\n        off = 0\n        for p in self.params:\n            n = p.numel()\n            p.copy_(full[off:off + n].view_as(p))\n            off += n\n'}
+ZERO1_GRADS_DIVIDED_IN_PLACE = {"sharded_momentum_sgd": '''\
+class ShardedMomentumSGD:
+    """SGD with momentum whose momentum buffer is sharded over the ranks (ZeRO stage 1)."""
+
+    def __init__(self, params, lr: float, momentum: float):
+        self.params = list(params)
+        self.lr, self.mu = lr, momentum
+        self.world, self.rank = dist.get_world_size(), dist.get_rank()
+        self.numel = sum(p.numel() for p in self.params)
+        self.shard_size = math.ceil(self.numel / self.world)
+        self.lo = self.rank * self.shard_size          # this rank's shard: [lo, lo + shard_size)
+        like = self.params[0]
+        self.momentum = torch.zeros(self.shard_size, dtype=like.dtype,    # 1/world of the state
+                                    device=like.device)
+
+    def flat(self, tensors) -> torch.Tensor:
+        out = torch.zeros(self.shard_size * self.world, dtype=self.momentum.dtype,
+                          device=self.momentum.device)
+        offset = 0
+        for p, t in zip(self.params, tensors):
+            if t is not None:
+                out[offset:offset + p.numel()] = t.reshape(-1)
+            offset += p.numel()
+        return out
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for p in self.params:
+            if p.grad is not None:
+                p.grad.div_(self.world)
+        g = self.flat([p.grad for p in self.params])
+        shard = torch.empty(self.shard_size, dtype=g.dtype, device=g.device)
+        dist.reduce_scatter_single(shard, g, op=dist.ReduceOp.SUM)
+        self.momentum.mul_(self.mu).add_(shard)
+        w = self.flat([p for p in self.params])
+        mine = w[self.lo:self.lo + self.shard_size] - self.lr * self.momentum
+        full = torch.empty_like(w)
+        dist.all_gather_single(full, mine.contiguous())
+        off = 0
+        for p in self.params:
+            n = p.numel()
+            p.copy_(full[off:off + n].view_as(p))
+            off += n
+'''}
 
 # the fifth pass's: the hooks numbered over model.parameters(), frozen ones included
-OVERLAP_NUMBERED_BY_MODEL_PARAMETERS = {"overlapping_dp": 'class OverlappingDP:\n    def __init__(self, model: torch.nn.Module, cap_bytes: int):\n        self.model = model\n        self.params = [p for p in model.parameters() if p.requires_grad]\n        self.buckets = plan_buckets(self.params, cap_bytes)\n        self.world = dist.get_world_size()\n        self.bucket_of = {}\n        for b, members in enumerate(self.buckets):\n            for i in members:\n                self.bucket_of[i] = b\n        self.pending = [len(m) for m in self.buckets]\n        self.next_bucket = 0\n        self.inflight = []\n        for i, p in enumerate(model.parameters()):\n            if p.requires_grad:\n                p.register_post_accumulate_grad_hook(lambda p, i=i: self._grad_ready(i))\n\n    def _grad_ready(self, i: int) -> None:\n        self.pending[self.bucket_of[i]] -= 1\n        while self.next_bucket < len(self.buckets) and self.pending[self.next_bucket] == 0:\n            members = self.buckets[self.next_bucket]\n            flat = torch.cat([self.params[j].grad.reshape(-1) for j in members])\n            h = dist.all_reduce(flat, op=dist.ReduceOp.SUM, async_op=True)\n            self.inflight.append((self.next_bucket, flat, h))\n            self.next_bucket += 1\n\n    def finish(self) -> None:\n        for b, flat, h in self.inflight:\n            h.wait()\n            flat /= self.world\n            off = 0\n            for j in self.buckets[b]:\n                p = self.params[j]\n                n = p.numel()\n                p.grad.copy_(flat[off:off + n].view_as(p.grad))\n                off += n\n        self.inflight = []\n        self.pending = [len(m) for m in self.buckets]\n        self.next_bucket = 0\n'}
+OVERLAP_NUMBERED_BY_MODEL_PARAMETERS = {"overlapping_dp": '''\
+class OverlappingDP:
+    def __init__(self, model: torch.nn.Module, cap_bytes: int):
+        self.model = model
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.buckets = plan_buckets(self.params, cap_bytes)
+        self.world = dist.get_world_size()
+        self.bucket_of = {}
+        for b, members in enumerate(self.buckets):
+            for i in members:
+                self.bucket_of[i] = b
+        self.pending = [len(m) for m in self.buckets]
+        self.next_bucket = 0
+        self.inflight = []
+        for i, p in enumerate(model.parameters()):
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(lambda p, i=i: self._grad_ready(i))
+
+    def _grad_ready(self, i: int) -> None:
+        self.pending[self.bucket_of[i]] -= 1
+        while self.next_bucket < len(self.buckets) and self.pending[self.next_bucket] == 0:
+            members = self.buckets[self.next_bucket]
+            flat = torch.cat([self.params[j].grad.reshape(-1) for j in members])
+            h = dist.all_reduce(flat, op=dist.ReduceOp.SUM, async_op=True)
+            self.inflight.append((self.next_bucket, flat, h))
+            self.next_bucket += 1
+
+    def finish(self) -> None:
+        for b, flat, h in self.inflight:
+            h.wait()
+            flat /= self.world
+            off = 0
+            for j in self.buckets[b]:
+                p = self.params[j]
+                n = p.numel()
+                p.grad.copy_(flat[off:off + n].view_as(p.grad))
+                off += n
+        self.inflight = []
+        self.pending = [len(m) for m in self.buckets]
+        self.next_bucket = 0
+'''}
 
 # the fifth pass's: one bucket a hook ('if', not 'while'), the held-back ones sent by finish()
-OVERLAP_HELD_BUCKETS_SENT_BY_FINISH = {"overlapping_dp": 'class OverlappingDP:\n    def __init__(self, model: torch.nn.Module, cap_bytes: int):\n        self.model = model\n        self.params = [p for p in model.parameters() if p.requires_grad]\n        self.buckets = plan_buckets(self.params, cap_bytes)\n        self.world = dist.get_world_size()\n        self.bucket_of = {}\n        for b, members in enumerate(self.buckets):\n            for i in members:\n                self.bucket_of[i] = b\n        self.pending = [len(m) for m in self.buckets]\n        self.next_bucket = 0\n        self.inflight = []\n        for i, p in enumerate(self.params):\n            p.register_post_accumulate_grad_hook(lambda p, i=i: self._grad_ready(i))\n\n    def _grad_ready(self, i: int) -> None:\n        self.pending[self.bucket_of[i]] -= 1\n        if self.next_bucket < len(self.buckets) and self.pending[self.next_bucket] == 0:\n            members = self.buckets[self.next_bucket]\n            flat = torch.cat([self.params[j].grad.reshape(-1) for j in members])\n            h = dist.all_reduce(flat, op=dist.ReduceOp.SUM, async_op=True)\n            self.inflight.append((self.next_bucket, flat, h))\n            self.next_bucket += 1\n\n    def finish(self) -> None:\n        while self.next_bucket < len(self.buckets):\n            members = self.buckets[self.next_bucket]\n            flat = torch.cat([self.params[j].grad.reshape(-1) for j in members])\n            h = dist.all_reduce(flat, op=dist.ReduceOp.SUM, async_op=True)\n            self.inflight.append((self.next_bucket, flat, h))\n            self.next_bucket += 1\n        for b, flat, h in self.inflight:\n            h.wait()\n            flat /= self.world\n            off = 0\n            for j in self.buckets[b]:\n                p = self.params[j]\n                n = p.numel()\n                p.grad.copy_(flat[off:off + n].view_as(p.grad))\n                off += n\n        self.inflight = []\n        self.pending = [len(m) for m in self.buckets]\n        self.next_bucket = 0\n'}
+OVERLAP_HELD_BUCKETS_SENT_BY_FINISH = {"overlapping_dp": '''\
+class OverlappingDP:
+    def __init__(self, model: torch.nn.Module, cap_bytes: int):
+        self.model = model
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.buckets = plan_buckets(self.params, cap_bytes)
+        self.world = dist.get_world_size()
+        self.bucket_of = {}
+        for b, members in enumerate(self.buckets):
+            for i in members:
+                self.bucket_of[i] = b
+        self.pending = [len(m) for m in self.buckets]
+        self.next_bucket = 0
+        self.inflight = []
+        for i, p in enumerate(self.params):
+            p.register_post_accumulate_grad_hook(lambda p, i=i: self._grad_ready(i))
+
+    def _grad_ready(self, i: int) -> None:
+        self.pending[self.bucket_of[i]] -= 1
+        if self.next_bucket < len(self.buckets) and self.pending[self.next_bucket] == 0:
+            members = self.buckets[self.next_bucket]
+            flat = torch.cat([self.params[j].grad.reshape(-1) for j in members])
+            h = dist.all_reduce(flat, op=dist.ReduceOp.SUM, async_op=True)
+            self.inflight.append((self.next_bucket, flat, h))
+            self.next_bucket += 1
+
+    def finish(self) -> None:
+        while self.next_bucket < len(self.buckets):
+            members = self.buckets[self.next_bucket]
+            flat = torch.cat([self.params[j].grad.reshape(-1) for j in members])
+            h = dist.all_reduce(flat, op=dist.ReduceOp.SUM, async_op=True)
+            self.inflight.append((self.next_bucket, flat, h))
+            self.next_bucket += 1
+        for b, flat, h in self.inflight:
+            h.wait()
+            flat /= self.world
+            off = 0
+            for j in self.buckets[b]:
+                p = self.params[j]
+                n = p.numel()
+                p.grad.copy_(flat[off:off + n].view_as(p.grad))
+                off += n
+        self.inflight = []
+        self.pending = [len(m) for m in self.buckets]
+        self.next_bucket = 0
+'''}
 
 # the fifth pass's: the frozen parameters in the buffer as zeros
-FLAT_FROZEN_SENT_AS_ZEROS = {"allreduce_gradients_flat": 'def allreduce_gradients_flat(model: torch.nn.Module) -> None:\n    params = list(model.parameters())\n    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)\n                      for p in params])\n    dist.all_reduce(flat)\n    flat /= dist.get_world_size()\n    off = 0\n    for p in params:\n        n = p.numel()\n        if p.grad is not None:\n            p.grad.copy_(flat[off:off + n].view_as(p.grad))\n        off += n\n'}
+FLAT_FROZEN_SENT_AS_ZEROS = {"allreduce_gradients_flat": '''\
+def allreduce_gradients_flat(model: torch.nn.Module) -> None:
+    params = list(model.parameters())
+    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                      for p in params])
+    dist.all_reduce(flat)
+    flat /= dist.get_world_size()
+    off = 0
+    for p in params:
+        n = p.numel()
+        if p.grad is not None:
+            p.grad.copy_(flat[off:off + n].view_as(p.grad))
+        off += n
+'''}
 
 # the fifth pass's: the flat buffer made without a dtype (float32)
-FLAT_BUFFER_FLOAT32 = {"allreduce_gradients_flat": 'def allreduce_gradients_flat(model: torch.nn.Module) -> None:\n    params = [p for p in model.parameters() if p.grad is not None]\n    total = sum(p.numel() for p in params)\n    flat = torch.zeros(total, device=params[0].device)\n    off = 0\n    for p in params:\n        flat[off:off + p.numel()] = p.grad.reshape(-1)\n        off += p.numel()\n    dist.all_reduce(flat)\n    flat /= dist.get_world_size()\n    off = 0\n    for p in params:\n        n = p.numel()\n        p.grad.copy_(flat[off:off + n].view_as(p.grad))\n        off += n\n'}
+FLAT_BUFFER_FLOAT32 = {"allreduce_gradients_flat": '''\
+def allreduce_gradients_flat(model: torch.nn.Module) -> None:
+    params = [p for p in model.parameters() if p.grad is not None]
+    total = sum(p.numel() for p in params)
+    flat = torch.zeros(total, device=params[0].device)
+    off = 0
+    for p in params:
+        flat[off:off + p.numel()] = p.grad.reshape(-1)
+        off += p.numel()
+    dist.all_reduce(flat)
+    flat /= dist.get_world_size()
+    off = 0
+    for p in params:
+        n = p.numel()
+        p.grad.copy_(flat[off:off + n].view_as(p.grad))
+        off += n
+'''}
 
 # the fifth pass's: ValueError raised with no message
-SHARD_REFUSED_WITHOUT_A_WORD = {"shard_batch": 'def shard_batch(batch: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:\n    if batch.shape[0] % world_size:\n        raise ValueError\n    return batch.chunk(world_size)[rank]\n'}
+SHARD_REFUSED_WITHOUT_A_WORD = {"shard_batch": '''\
+def shard_batch(batch: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+    if batch.shape[0] % world_size:
+        raise ValueError
+    return batch.chunk(world_size)[rank]
+'''}
 
 
 # the fifth pass's: the update before finish_gradient_sync(), with this rank's own sum
-ACCUMULATION_UPDATE_BEFORE_SYNC = {"accumulation_step": 'def accumulation_step(model: dl.dp.DataParallel, x: torch.Tensor, y: torch.Tensor,\n                      n_micro: int, lr: float) -> None:\n    model.zero_grad()\n    for k, (xb, yb) in enumerate(zip(x.chunk(n_micro), y.chunk(n_micro))):\n        ctx = model.no_sync() if k < n_micro - 1 else contextlib.nullcontext()\n        with ctx:\n            (F.mse_loss(model(xb), yb) / n_micro).backward()\n    sgd_step(model, lr)\n    model.finish_gradient_sync()\n'}
+ACCUMULATION_UPDATE_BEFORE_SYNC = {"accumulation_step": '''\
+def accumulation_step(model: dl.dp.DataParallel, x: torch.Tensor, y: torch.Tensor,
+                      n_micro: int, lr: float) -> None:
+    model.zero_grad()
+    for k, (xb, yb) in enumerate(zip(x.chunk(n_micro), y.chunk(n_micro))):
+        ctx = model.no_sync() if k < n_micro - 1 else contextlib.nullcontext()
+        with ctx:
+            (F.mse_loss(model(xb), yb) / n_micro).backward()
+    sgd_step(model, lr)
+    model.finish_gradient_sync()
+'''}
 
 # the fifth pass's: the momentum accumulates the sum, the division moved into the update
-ZERO1_MOMENTUM_OF_THE_SUM = {"sharded_momentum_sgd": 'class ShardedMomentumSGD:\n    """SGD with momentum whose momentum buffer is sharded over the ranks (ZeRO stage 1)."""\n\n    def __init__(self, params, lr: float, momentum: float):\n        self.params = list(params)\n        self.lr, self.mu = lr, momentum\n        self.world, self.rank = dist.get_world_size(), dist.get_rank()\n        self.numel = sum(p.numel() for p in self.params)\n        self.shard_size = math.ceil(self.numel / self.world)\n        self.lo = self.rank * self.shard_size          # this rank\'s shard: [lo, lo + shard_size)\n        like = self.params[0]\n        self.momentum = torch.zeros(self.shard_size, dtype=like.dtype,    # 1/world of the state\n                                    device=like.device)\n\n    def flat(self, tensors) -> torch.Tensor:\n        out = torch.zeros(self.shard_size * self.world, dtype=self.momentum.dtype,\n                          device=self.momentum.device)\n        offset = 0\n        for p, t in zip(self.params, tensors):\n            if t is not None:\n                out[offset:offset + p.numel()] = t.reshape(-1)\n            offset += p.numel()\n        return out\n\n    @torch.no_grad()\n    def step(self) -> None:\n        g = self.flat([p.grad for p in self.params])\n        shard = torch.empty(self.shard_size, dtype=g.dtype, device=g.device)\n        dist.reduce_scatter_single(shard, g, op=dist.ReduceOp.SUM)\n        self.momentum.mul_(self.mu).add_(shard)\n        w = self.flat([p for p in self.params])\n        mine = w[self.lo:self.lo + self.shard_size] - self.lr * self.momentum / self.world\n        full = torch.empty_like(w)\n        dist.all_gather_single(full, mine.contiguous())\n        off = 0\n        for p in self.params:\n            n = p.numel()\n            p.copy_(full[off:off + n].view_as(p))\n            off += n\n'}
+ZERO1_MOMENTUM_OF_THE_SUM = {"sharded_momentum_sgd": '''\
+class ShardedMomentumSGD:
+    """SGD with momentum whose momentum buffer is sharded over the ranks (ZeRO stage 1)."""
+
+    def __init__(self, params, lr: float, momentum: float):
+        self.params = list(params)
+        self.lr, self.mu = lr, momentum
+        self.world, self.rank = dist.get_world_size(), dist.get_rank()
+        self.numel = sum(p.numel() for p in self.params)
+        self.shard_size = math.ceil(self.numel / self.world)
+        self.lo = self.rank * self.shard_size          # this rank's shard: [lo, lo + shard_size)
+        like = self.params[0]
+        self.momentum = torch.zeros(self.shard_size, dtype=like.dtype,    # 1/world of the state
+                                    device=like.device)
+
+    def flat(self, tensors) -> torch.Tensor:
+        out = torch.zeros(self.shard_size * self.world, dtype=self.momentum.dtype,
+                          device=self.momentum.device)
+        offset = 0
+        for p, t in zip(self.params, tensors):
+            if t is not None:
+                out[offset:offset + p.numel()] = t.reshape(-1)
+            offset += p.numel()
+        return out
+
+    @torch.no_grad()
+    def step(self) -> None:
+        g = self.flat([p.grad for p in self.params])
+        shard = torch.empty(self.shard_size, dtype=g.dtype, device=g.device)
+        dist.reduce_scatter_single(shard, g, op=dist.ReduceOp.SUM)
+        self.momentum.mul_(self.mu).add_(shard)
+        w = self.flat([p for p in self.params])
+        mine = w[self.lo:self.lo + self.shard_size] - self.lr * self.momentum / self.world
+        full = torch.empty_like(w)
+        dist.all_gather_single(full, mine.contiguous())
+        off = 0
+        for p in self.params:
+            n = p.numel()
+            p.copy_(full[off:off + n].view_as(p))
+            off += n
+'''}
 
 # the fifth pass's: the shard's size from the notebook's BATCH
-SHARD_BY_THE_NOTEBOOKS_BATCH = {"shard_batch": 'def shard_batch(batch: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:\n    if BATCH % world_size != 0:\n        raise ValueError(f"{BATCH} samples do not split evenly over {world_size} ranks")\n    per = BATCH // world_size\n    return batch[rank * per:(rank + 1) * per]\n'}
+SHARD_BY_THE_NOTEBOOKS_BATCH = {"shard_batch": '''\
+def shard_batch(batch: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+    if BATCH % world_size != 0:
+        raise ValueError(f"{BATCH} samples do not split evenly over {world_size} ranks")
+    per = BATCH // world_size
+    return batch[rank * per:(rank + 1) * per]
+'''}
 
 # the fifth pass's: async all-reduces read without waiting
-DP_STEP_NEVER_WAITED = {"dp_train_step": 'def dp_train_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, lr: float) -> float:\n    model.zero_grad()\n    loss = F.mse_loss(model(x), y)\n    loss.backward()\n    world = dist.get_world_size()\n    for p in model.parameters():\n        if p.grad is not None:\n            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, async_op=True)\n            p.grad /= world\n    with torch.no_grad():\n        for p in model.parameters():\n            if p.grad is not None:\n                p -= lr * p.grad\n    return loss.item()\n'}
+DP_STEP_NEVER_WAITED = {"dp_train_step": '''\
+def dp_train_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, lr: float) -> float:
+    model.zero_grad()
+    loss = F.mse_loss(model(x), y)
+    loss.backward()
+    world = dist.get_world_size()
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, async_op=True)
+            p.grad /= world
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.grad is not None:
+                p -= lr * p.grad
+    return loss.item()
+'''}
 
 # the fifth pass's: the flat buffer's async all-reduce read without waiting
-FLAT_NEVER_WAITED = {"allreduce_gradients_flat": 'def allreduce_gradients_flat(model: torch.nn.Module) -> None:\n    params = [p for p in model.parameters() if p.grad is not None]\n    flat = torch.cat([p.grad.reshape(-1) for p in params])\n    work = dist.all_reduce(flat, async_op=True)\n    flat /= dist.get_world_size()\n    off = 0\n    for p in params:\n        n = p.numel()\n        p.grad.copy_(flat[off:off + n].view_as(p.grad))\n        off += n\n'}
+FLAT_NEVER_WAITED = {"allreduce_gradients_flat": '''\
+def allreduce_gradients_flat(model: torch.nn.Module) -> None:
+    params = [p for p in model.parameters() if p.grad is not None]
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    work = dist.all_reduce(flat, async_op=True)
+    flat /= dist.get_world_size()
+    off = 0
+    for p in params:
+        n = p.numel()
+        p.grad.copy_(flat[off:off + n].view_as(p.grad))
+        off += n
+'''}
 
 VARIANTS = [
     # -- 1 shard_batch --------------------------------------------------------------------------

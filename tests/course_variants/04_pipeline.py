@@ -396,16 +396,115 @@ def run_stage(actions, stage, x, y, loss_fn):
 
 # the fifth learner pass's: the middle stage takes its input's gradient with autograd.grad, which
 # leaves its weights no gradient (right on 2 stages, which have no middle one)
-RUNNER_MIDDLE_NO_WEIGHT_GRADS = {"runner": 'def run_stage(actions, stage, x, y, loss_fn):\n    m = len(actions) // 2\n    xs, ys = x.chunk(m), y.chunk(m)\n    losses = []\n    inputs, outputs, act_sends = {}, {}, {}\n    grad_send = None\n    for a in actions:\n        kind, j = a[0], int(a[1:])\n        if kind == "F":\n            inp = xs[j] if stage.is_first else stage.recv_activation(j)\n            out = stage.module(inp)\n            if stage.is_last:\n                loss = loss_fn(out, ys[j])\n                losses.append(loss.item())\n                out = loss / m\n            else:\n                act_sends[j] = stage.send_activation(out, j)\n            inputs[j], outputs[j] = inp, out\n            del inp, out\n        else:\n            inp, out = inputs.pop(j), outputs.pop(j)\n            if stage.is_first:                   # nothing to hand back: just backward\n                g = stage.recv_grad(j)\n                act_sends.pop(j).work.wait()\n                out.backward(g)\n                g_in = None\n            elif stage.is_last:                  # the loss: backward, hand back d loss / d input\n                out.backward()\n                g_in = inp.grad\n            else:                                # middle: what the previous stage needs is d loss / d input\n                g = stage.recv_grad(j)\n                act_sends.pop(j).work.wait()\n                (g_in,) = torch.autograd.grad(out, inp, g)\n            if g_in is not None:\n                if grad_send is not None:\n                    grad_send.work.wait()\n                grad_send = stage.send_grad(g_in, j)\n            del inp, out, g_in\n    for h in act_sends.values():\n        h.work.wait()\n    if grad_send is not None:\n        grad_send.work.wait()\n    return losses\n'}
+RUNNER_MIDDLE_NO_WEIGHT_GRADS = {"runner": '''\
+def run_stage(actions, stage, x, y, loss_fn):
+    m = len(actions) // 2
+    xs, ys = x.chunk(m), y.chunk(m)
+    losses = []
+    inputs, outputs, act_sends = {}, {}, {}
+    grad_send = None
+    for a in actions:
+        kind, j = a[0], int(a[1:])
+        if kind == "F":
+            inp = xs[j] if stage.is_first else stage.recv_activation(j)
+            out = stage.module(inp)
+            if stage.is_last:
+                loss = loss_fn(out, ys[j])
+                losses.append(loss.item())
+                out = loss / m
+            else:
+                act_sends[j] = stage.send_activation(out, j)
+            inputs[j], outputs[j] = inp, out
+            del inp, out
+        else:
+            inp, out = inputs.pop(j), outputs.pop(j)
+            if stage.is_first:                   # nothing to hand back: just backward
+                g = stage.recv_grad(j)
+                act_sends.pop(j).work.wait()
+                out.backward(g)
+                g_in = None
+            elif stage.is_last:                  # the loss: backward, hand back d loss / d input
+                out.backward()
+                g_in = inp.grad
+            else:                                # middle: what the previous stage needs is d loss / d input
+                g = stage.recv_grad(j)
+                act_sends.pop(j).work.wait()
+                (g_in,) = torch.autograd.grad(out, inp, g)
+            if g_in is not None:
+                if grad_send is not None:
+                    grad_send.work.wait()
+                grad_send = stage.send_grad(g_in, j)
+            del inp, out, g_in
+    for h in act_sends.values():
+        h.work.wait()
+    if grad_send is not None:
+        grad_send.work.wait()
+    return losses
+'''}
 
 # the fifth pass's: the middle stage keeps every send's handle to the end of the step
-RUNNER_MIDDLE_KEEPS_HANDLES = {"runner": 'def run_stage(actions, stage, x, y, loss_fn):\n    m = len(actions) // 2\n    xs, ys = x.chunk(m), y.chunk(m)\n    losses, inputs, outputs, sends = [], {}, {}, {}\n    middle = not (stage.is_first or stage.is_last)\n    kept = []                                   # middle stage: "wait for everything at the end"\n    for a in actions:\n        kind, j = a[0], int(a[1:])\n        if kind == "F":\n            inp = xs[j] if stage.is_first else stage.recv_activation(j)\n            out = stage.module(inp)\n            if stage.is_last:\n                loss = loss_fn(out, ys[j])\n                losses.append(loss.item())\n                out = loss / m\n            else:\n                sends[("a", j)] = stage.send_activation(out, j)\n            inputs[j], outputs[j] = inp, out\n        else:\n            inp, out = inputs.pop(j), outputs.pop(j)\n            if stage.is_last:\n                out.backward()\n            else:\n                out.backward(stage.recv_grad(j))\n                h = sends.pop(("a", j))\n                kept.append(h) if middle else h.work.wait()\n            if not stage.is_first:\n                for k in [k for k in sends if k[0] == "g"]:\n                    sends.pop(k).work.wait()\n                h = stage.send_grad(inp.grad, j)\n                if middle:\n                    kept.append(h)\n                else:\n                    sends[("g", j)] = h\n            del inp, out\n    for h in list(sends.values()) + kept:\n        h.work.wait()\n    return losses\n'}
+RUNNER_MIDDLE_KEEPS_HANDLES = {"runner": '''\
+def run_stage(actions, stage, x, y, loss_fn):
+    m = len(actions) // 2
+    xs, ys = x.chunk(m), y.chunk(m)
+    losses, inputs, outputs, sends = [], {}, {}, {}
+    middle = not (stage.is_first or stage.is_last)
+    kept = []                                   # middle stage: "wait for everything at the end"
+    for a in actions:
+        kind, j = a[0], int(a[1:])
+        if kind == "F":
+            inp = xs[j] if stage.is_first else stage.recv_activation(j)
+            out = stage.module(inp)
+            if stage.is_last:
+                loss = loss_fn(out, ys[j])
+                losses.append(loss.item())
+                out = loss / m
+            else:
+                sends[("a", j)] = stage.send_activation(out, j)
+            inputs[j], outputs[j] = inp, out
+        else:
+            inp, out = inputs.pop(j), outputs.pop(j)
+            if stage.is_last:
+                out.backward()
+            else:
+                out.backward(stage.recv_grad(j))
+                h = sends.pop(("a", j))
+                kept.append(h) if middle else h.work.wait()
+            if not stage.is_first:
+                for k in [k for k in sends if k[0] == "g"]:
+                    sends.pop(k).work.wait()
+                h = stage.send_grad(inp.grad, j)
+                if middle:
+                    kept.append(h)
+                else:
+                    sends[("g", j)] = h
+            del inp, out
+    for h in list(sends.values()) + kept:
+        h.work.wait()
+    return losses
+'''}
 
 # the fifth pass's: the micro-batch read as one character (wrong from m = 11 on)
-PEAK_ONE_CHARACTER_INDEX = {"peak": 'def peak_in_flight(row):\n    live, peak = set(), 0\n    for a in row:\n        a = str(a)\n        if a[0] == "F":\n            live.add(int(a[1]))\n            peak = max(peak, len(live))\n        else:\n            live.discard(int(a[1]))\n    return peak\n'}
+PEAK_ONE_CHARACTER_INDEX = {"peak": '''\
+def peak_in_flight(row):
+    live, peak = set(), 0
+    for a in row:
+        a = str(a)
+        if a[0] == "F":
+            live.add(int(a[1]))
+            peak = max(peak, len(live))
+        else:
+            live.discard(int(a[1]))
+    return peak
+'''}
 
 # the fifth pass's: the count held once the last forward has run, taken for the peak
-PEAK_AT_THE_LAST_FORWARD = {"peak": 'def peak_in_flight(row):\n    row = [str(a) for a in row]\n    last_f = max(i for i, a in enumerate(row) if a[0] == "F")\n    return sum(1 for a in row[:last_f + 1] if a[0] == "F") - sum(1 for a in row[:last_f] if a[0] == "B")\n'}
+PEAK_AT_THE_LAST_FORWARD = {"peak": '''\
+def peak_in_flight(row):
+    row = [str(a) for a in row]
+    last_f = max(i for i, a in enumerate(row) if a[0] == "F")
+    return sum(1 for a in row[:last_f + 1] if a[0] == "F") - sum(1 for a in row[:last_f] if a[0] == "B")
+'''}
 
 VARIANTS = [
     {"name": "naive pipeline written for 3 stages (the visible case)",
