@@ -39,6 +39,7 @@ import torch.distributed as dist
 
 from dpmp_lab._helpers import whole_number
 from dpmp_lab.context import device, synchronize
+from dpmp_lab.i18n.messages import _
 from dpmp_lab.launcher.launch import launch
 from dpmp_lab.profiling import Interval, Profile, profile
 from dpmp_lab.render import Table, human_bytes
@@ -91,11 +92,11 @@ def time_in_ranks(fn: Callable[..., Any], *args: Any, warmup: int = 2, repeats: 
     finished its queued work. Every rank gets the same Timing: all ranks' times, gathered.
     """
     _check_counts(warmup, repeats)
-    for _ in range(warmup):
+    for _step in range(warmup):
         fn(*args, **kwargs)
     synchronize()
     mine = []
-    for _ in range(repeats):
+    for _repeat in range(repeats):
         dist.barrier(group=group)
         start = time.perf_counter()
         fn(*args, **kwargs)
@@ -209,12 +210,13 @@ class Sweep:
                 and (world_size is None or r.world_size == world_size)]
 
     def table(self) -> Table:
-        return Table(["op", "ranks", "size", "median ms", "min ms", "algbw GB/s", "busbw GB/s"],
+        return Table([_("op"), _("ranks"), _("size"), _("median ms"), _("min ms"), "algbw GB/s",
+                      "busbw GB/s"],
                      [[r.op, r.world_size, human_bytes(r.nbytes), f"{r.seconds * 1e3:.3f}",
                        f"{r.min_seconds * 1e3:.3f}", f"{r.algbw / 1e9:.2f}",
                        f"{r.busbw / 1e9:.2f}"]
-                      for r in self.rows], title="collective sweep (nccl-tests' algbw and busbw, "
-                     "at the median)")
+                      for r in self.rows],
+                     title=_("collective sweep (nccl-tests' algbw and busbw, at the median)"))
 
     def _repr_html_(self) -> str:
         return self.table()._repr_html_()
@@ -350,7 +352,7 @@ def matmul_flops(n: int = 1024, *, repeats: int = 3, dtype: torch.dtype = torch.
     b = torch.randn(n, n, dtype=dtype).to(dev)
     a @ b
     best = math.inf
-    for _ in range(repeats):
+    for _repeat in range(repeats):
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         start = time.perf_counter()

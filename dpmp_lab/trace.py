@@ -44,6 +44,7 @@ import contextlib
 import sys
 import threading
 import time
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -155,6 +156,8 @@ class Trace:
         self.events: list[CommEvent] = []
         self.grads_ready: list[GradReady] = []
         self.waits: list[float] = []   # when the code waited on a Work handle (Work.wait)
+        self.written: list[int] = []   # events whose tensor was written before any wait
+        self._pending: list[tuple[int, list[tuple[Any, int]]]] = []   # async, not yet checked
         self.rank: int | None = None
         self.problems: list[str] = []   # tracer-internal errors; the user's calls still ran
         self._module = gradients_of
@@ -175,7 +178,11 @@ class Trace:
         _recorder.stop(self)
         for handle in self._handles:
             handle.remove()
-        self._handles = []
+        self._handles, self._pending = [], []
+
+    def __getstate__(self) -> dict[str, Any]:
+        # a Trace travels back from a rank: the tensors it follows stay there
+        return {**self.__dict__, "_handles": [], "_pending": []}
 
     def _grad_hook(self, name: str):
         def hook(grad: torch.Tensor) -> None:
@@ -227,6 +234,13 @@ class Trace:
         so each one accounts for one of the waits recorded."""
         blocking = sum(not ev.async_op for ev in self.events)
         return max(0, sum(ev.async_op for ev in self.events) - (len(self.waits) - blocking))
+
+    def written_in_flight(self) -> list[CommEvent]:
+        """The asynchronous calls whose tensor the code changed in place before the first
+        Work.wait() after the call (so before its own wait too): the communication may read or
+        write that tensor until its wait() returns, so the result depends on timing. Tensors
+        handed over as views are not followed (a write elsewhere in their storage is no race)."""
+        return [self.events[i] for i in self.written]
 
     def per_group(self) -> dict[Any, dict[str, int]]:
         """{group: {op: calls}}, groups by name ("dp") when they have one, else by ranks."""
@@ -392,10 +406,17 @@ class _Recorder:
             torch.distributed.Work.wait = self.wait   # torch's own again
 
     def on_wait(self) -> None:
-        """A Work handle is being waited on: the time goes to every active trace."""
+        """A Work handle is being waited on: the time goes to every active trace, and each
+        asynchronous call issued since the last wait is checked for a tensor changed in place
+        meanwhile (its version counter moved: c10d's own writes do not move it)."""
         now = time.perf_counter()
         for t in list(self.active):
             t.waits.append(now)
+            for index, tensors in t._pending:
+                if any((x := ref()) is not None and x._version != version
+                       for ref, version in tensors):
+                    t.written.append(index)
+            t._pending = []
 
     def on_call(self, name: str, schema_args: list[str], args: tuple, kwargs: dict) -> None:
         """Every c10d op passes here before it runs: watchers first (they may refuse the call
@@ -416,8 +437,11 @@ class _Recorder:
                 t.problems.append(f"{name}: {type(exc).__name__}: {exc}")
             event = CommEvent(_C10D_OPS[name][0], (), 0, None, None, None, False)
         if event is not None:
+            followed = _followed(name, schema_args, args, kwargs) if event.async_op else []
             for t in list(self.active):
                 t.events.append(event)
+                if followed:
+                    t._pending.append((len(t.events) - 1, followed))
 
     def _event(self, name: str, schema_args: list[str], args: tuple,
                kwargs: dict) -> CommEvent | None:
@@ -470,6 +494,19 @@ class _Recorder:
 
 _recorder = _Recorder()
 _DEFAULTS: dict[str, dict[str, Any]] = {}
+
+
+def _followed(name: str, schema_args: list[str], args: tuple,
+              kwargs: dict) -> list[tuple[Any, int]]:
+    """(weak reference, version) of an asynchronous call's payload tensors that are not views."""
+    payload_arg = _C10D_OPS[name][1]
+    if not payload_arg:
+        return []
+    try:
+        tensors = tensors_in(_call_arg(name, schema_args, args, kwargs, payload_arg))
+        return [(weakref.ref(t), t._version) for t in tensors if t._base is None]
+    except Exception:  # never break the user's collective because of the tracer
+        return []
 
 
 def _install_wait_record(recorder: _Recorder) -> Any:

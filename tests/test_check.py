@@ -271,6 +271,27 @@ def test_an_async_call_never_waited_on_is_named_as_such(warm):
                                   stream=False), "my_step")
 
 
+def divides_before_waiting(wait_first: bool) -> float:
+    x = torch.ones(3, device=dl.device())
+    handle = dist.all_reduce(x, async_op=True)
+    if wait_first:
+        handle.wait()
+    x /= dist.get_world_size()
+    handle.wait()
+    return float(x[0])
+
+
+def test_a_tensor_changed_before_its_wait_is_named_as_such_whatever_the_numbers(warm):
+    res = dl.launch(divides_before_waiting, False, world_size=2, trace=True, stream=False)
+    with pytest.raises(CheckFailed) as info:
+        dl.check.all_waited(res, "my_step")
+    assert "rank 0: my_step changed the tensor of an asynchronous all_reduce in place" in str(
+        info.value)
+    assert "[hint: check.written_in_flight]" in str(info.value)
+    dl.check.untouched_in_flight(dl.launch(divides_before_waiting, True, world_size=2,
+                                           trace=True, stream=False), "my_step")
+
+
 def test_a_reduction_by_hand_is_named_by_its_collectives_and_none_is_asked_for():
     ranks = (0, 1, 2)
     one_rank = [trace_of(("reduce", ranks, None, None), ("broadcast", ranks, None, None),

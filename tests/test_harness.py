@@ -117,7 +117,7 @@ def test_decoding_is_bounded_in_bytes_and_values():
 def test_the_librarys_data_classes_cross_rebuilt_by_their_constructors():
     t = dl.Trace()
     t.events = [dl.CommEvent("all_reduce", (0, 1), 16, "float32", (4,), "backward", False)]
-    t.rank = 1
+    t.rank, t.waits, t.written = 1, [0.5], [0]
     failure = RankFailure(2, Reason.SIGNAL, signal=signal.SIGKILL, output_tail="x")
     value = {"res": dl.LaunchResult(values=[{"a": torch.ones(2)}, 3], output=["o", "p"],
                                     traces=[t, None]),
@@ -128,6 +128,10 @@ def test_the_librarys_data_classes_cross_rebuilt_by_their_constructors():
     res = back["res"]
     assert type(res) is dl.LaunchResult and res.world_size == 2 and res.output == ["o", "p"]
     assert res.traces[0].count("all_reduce", phase="backward") == 1 and res.traces[0].rank == 1
+    assert res.traces[0].waits == [0.5] and res.traces[0].written_in_flight() == t.events
+    t.written = [1]   # not one of its events
+    with pytest.raises(NotData, match="not its events"):
+        decode(encode(t, ALLOWED), ALLOWED)
     assert back["failure"] == failure and back["failure"].signal is signal.SIGKILL
     assert type(back["routing"]) is dl.moe.Routing and back["layout"] == dl.GridLayout(dp=2, tp=2)
 

@@ -363,6 +363,14 @@ def test_the_librarys_tables_read_in_the_language_dpmp_lab_lang_names(monkeypatc
     schedule, picture = str(dl.pp.one_f_one_b(2, 2)), str(dl.viz.timeline(dl.pp.gpipe(2, 2)))
     assert "マイクロバッチm=2個" in schedule and "ステージ 1" in schedule, schedule
     assert "アイドル" in picture and "タイムステップ" in picture, picture
+    prof = dl.bench.Profile(0, [dl.bench.Interval("backward", "mm", 0.0, 2.0)],
+                            [dl.bench.Interval("comm", "all_reduce", 1.0, 3.0)], 3.0, [1.0])
+    drawn = dl.viz.profile([prof])
+    text, svg = str(drawn), drawn._repr_svg_()
+    assert "ランク 0" in text and "重なりなし" in text and "隠れていない通信" in text, text
+    assert "順伝播" in svg and "profiled" not in svg and "overlap" not in text, svg
+    sweep = str(dl.bench.Sweep([dl.bench.SweepRow("all_reduce", 2, 1024, 1e-3, 9e-4)]).table())
+    assert "中央値" in sweep and "median" not in sweep, sweep
 
 
 def _raises_on_rank_1() -> None:

@@ -220,6 +220,34 @@ def test_unwaited_counts_async_calls_no_wait_followed(warm):
     assert dl.launch(waited_and_not, world_size=2, stream=False).values == [2, 2]
 
 
+def written_while_on_the_wire():
+    """Four async all-reduces: one divided before its wait, one after, one handed over as a view
+    of a buffer written elsewhere, one whose irecv buffer was filled by hand before the wait."""
+    x, y = (torch.ones(4, device=dl.device()) for _ in range(2))
+    buffer = torch.zeros(8, device=dl.device())
+    with dl.trace() as t:
+        handle = dist.all_reduce(x, async_op=True)
+        x /= 2                                    # written while on the wire
+        handle.wait()
+        handle = dist.all_reduce(y, async_op=True)
+        handle.wait()
+        y /= 2                                    # after its wait: fine
+        handle = dist.all_reduce(buffer[:4], async_op=True)
+        buffer[4:] += 1                           # another part of the storage: not followed
+        handle.wait()
+        peer = 1 - dist.get_rank()
+        handle = (dist.isend(x, dst=peer) if dist.get_rank() == 0 else dist.irecv(y, src=peer))
+        if dist.get_rank() == 1:
+            y.fill_(7)                            # the receive's buffer, before its wait
+        handle.wait()
+    return [(e.op, e.async_op) for e in t.written_in_flight()]
+
+
+def test_a_tensor_changed_in_place_before_its_wait_is_noted_and_nothing_else(warm):
+    values = dl.launch(written_while_on_the_wire, world_size=2, stream=False).values
+    assert values == [[("all_reduce", True)], [("all_reduce", True), ("recv", True)]]
+
+
 class _Identity(torch.autograd.Function):
     """all-reduce in forward, nothing in backward: Megatron's g, to see the forward phase."""
 

@@ -15,7 +15,8 @@ not our internals.
     communication  comm, overlaps_backward: exact counts per op, group and phase, and bytes;
                    reduced_in_one_collective: no reduction done by hand around collectives;
                    accumulation_sends: the backwards of gradient accumulation that sent;
-                   all_waited: every asynchronous call's handle waited on
+                   all_waited: every asynchronous call's handle waited on;
+                   untouched_in_flight: no tensor changed while its call was on the wire
     references     references_off, with_references_off: the library's versions switched off;
                    stand_ins: the library's versions standing in for earlier answers
     sides          on_learners_side: a test's part that must run beside the learner's code
@@ -31,6 +32,7 @@ from dpmp_lab.check.communication import (
     comm,
     overlaps_backward,
     reduced_in_one_collective,
+    untouched_in_flight,
 )
 from dpmp_lab.check.failed import CheckFailed
 from dpmp_lab.check.numbers import (
@@ -57,5 +59,5 @@ __all__ = ["FP32", "FP64", "OPS", "CheckFailed", "ReferenceSwitchedOff", "accumu
            "all_waited",
            "against_reference", "close", "comm", "compare", "grads", "launch",
            "on_learners_side", "overlaps_backward", "params", "reduced_in_one_collective",
-           "references_off", "row_parts", "same_on_all_ranks", "stand_ins",
+           "references_off", "row_parts", "same_on_all_ranks", "stand_ins", "untouched_in_flight",
            "with_references_off"]

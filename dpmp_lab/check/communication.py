@@ -29,6 +29,7 @@ from dpmp_lab.check.hints import (
     OVERLAP_HINT,
     REDUCED_BY_HAND,
     UNWAITED_HINT,
+    WRITTEN_IN_FLIGHT_HINT,
     CommTable,
     Row,
     keyed_likely_mistakes,
@@ -41,7 +42,7 @@ from dpmp_lab.render import Table, cell, human_bytes
 from dpmp_lab.trace import Trace, matcher, traces_of
 
 __all__ = ["accumulation_sends", "all_waited", "comm", "comm_table", "overlaps_backward",
-           "parse_key", "reduced_in_one_collective"]
+           "parse_key", "reduced_in_one_collective", "untouched_in_flight"]
 
 Key = tuple[str, Any, str | None]   # (op, group, phase); None: any
 
@@ -102,6 +103,22 @@ def all_waited(traces: Any, step: str) -> None:
                 _("rank {rank}: {step} issued {n} asynchronous call(s) whose handle it never "
                   "waited on.").format(rank=rank, step=step, n=t.unwaited())
                 + "\n" + likely(UNWAITED_HINT))
+    untouched_in_flight(traces, step)
+
+
+def untouched_in_flight(traces: Any, step: str) -> None:
+    """Assert that no rank changed an asynchronous call's tensor in place before waiting on
+    it (Trace.written_in_flight): a division or a copy into a buffer still on the wire gives
+    numbers that come and go with the timing; this says why, the same on every run."""
+    for i, t in enumerate(traces_of(traces)):
+        written = t.written_in_flight()
+        if written:
+            rank = t.rank if t.rank is not None else i
+            raise CheckFailed(
+                _("rank {rank}: {step} changed the tensor of an asynchronous {op} in place "
+                  "before waiting on its handle.").format(rank=rank, step=step,
+                                                          op=written[0].op)
+                + "\n" + likely(WRITTEN_IN_FLIGHT_HINT))
 
 
 def accumulation_sends(traces: Any, steps: int, n_micro: int, n_buckets: int,

@@ -48,7 +48,7 @@ from dpmp_lab.trace import CommEvent, matcher
 __all__ = ["BLOCKING_HINT", "COMM_HINTS", "CommHint", "CommTable", "HINT_TAG", "OVERLAP_HINT",
            "GATHERED_SUM", "ONE_RANK_REDUCES", "P2P", "P2P_ADVICE",
            "REDUCED_BY_HAND", "REPLICA_HINT", "Row", "SCALE_HINTS", "Scale", "ScaleHint",
-           "UNFILLED_HINT", "UNWAITED_HINT", "exercise_key", "keyed_likely_mistakes",
+           "UNFILLED_HINT", "UNWAITED_HINT", "WRITTEN_IN_FLIGHT_HINT", "exercise_key", "keyed_likely_mistakes",
            "keyed_scale_hint", "keyed_unfilled_hint", "likely", "tag", "where"]
 
 # -- the keys a failure carries ----------------------------------------------------------------
@@ -94,6 +94,12 @@ UNWAITED_HINT = N_("an asynchronous call returns at once and fills its tensor la
                    "handle's wait() says the result is there (on gloo it often is already, on "
                    "a GPU usually not), so a result read without it is whatever the buffer held "
                    "then. [hint: check.unwaited]")
+
+WRITTEN_IN_FLIGHT_HINT = N_(
+    "an asynchronous call works on its tensor in the background until its handle's wait() "
+    "returns; a change made to that tensor before then lands before or after the "
+    "communication reads or fills it, as the timing falls, so the result varies from run to "
+    "run. [hint: check.written_in_flight]")
 
 # a reduction the ranks did by hand around collectives that only move data: one rank adding
 # for all and sending the sum back, or every rank receiving all N copies to add them up

@@ -24,7 +24,7 @@ from dpmp_lab.trace import BackwardOverlap, CommEvent, GradReady, Trace
 
 def _trace_fields(t: Trace) -> dict[str, Any]:
     return {"events": t.events, "grads_ready": t.grads_ready, "rank": t.rank,
-            "problems": t.problems, "waits": t.waits}
+            "problems": t.problems, "waits": t.waits, "written": t.written}
 
 
 def _trace(values: dict[str, Any]) -> Trace:
@@ -34,12 +34,16 @@ def _trace(values: dict[str, Any]) -> Trace:
             and type(ready) is list and all(type(g) is GradReady for g in ready)):
         raise NotData("a Trace's events are not CommEvents")
     rank, problems, waits = values.pop("rank"), values.pop("problems"), values.pop("waits", [])
+    written = values.pop("written", [])
     if values or not (rank is None or type(rank) is int) or type(problems) is not list:
         raise NotData("not a Trace")
     if type(waits) is not list or not all(type(w) is float for w in waits):
         raise NotData("a Trace's waits are not times")
+    if type(written) is not list or not all(type(i) is int and 0 <= i < len(events)
+                                            for i in written):
+        raise NotData("a Trace's written calls are not its events")
     t.events, t.grads_ready, t.rank, t.problems = events, ready, rank, [str(p) for p in problems]
-    t.waits = waits
+    t.waits, t.written = waits, written
     return t
 
 

@@ -13,6 +13,7 @@ import html
 from collections.abc import Sequence
 from typing import Any
 
+from dpmp_lab.i18n.messages import _
 from dpmp_lab.profiling import Interval, Profile
 from dpmp_lab.render import Picture, svg_start
 
@@ -31,7 +32,7 @@ class ProfilePicture(Picture):
             raise ValueError("dl.viz.profile needs at least one Profile")
         self.profiles = sorted(profiles, key=lambda p: p.rank)
         self.end = max(max(p.wall, 1e-9) for p in self.profiles)
-        self.title = title or "profiled step per rank"
+        self.title = title   # "" for ours, in the reader's language
         self.width = width
 
     def _lane_text(self, intervals: Sequence[Interval], issues: Sequence[float] = ()) -> str:
@@ -45,15 +46,30 @@ class ProfilePicture(Picture):
             line[min(int(t * scale), self.width - 1)] = "|"
         return "".join(line[:self.width])
 
+    def _title(self) -> str:
+        return self.title or _("profiled step per rank")
+
+    @staticmethod
+    def _lanes(p: Profile) -> tuple[str, str]:
+        return (_("rank {rank} compute").format(rank=p.rank),
+                _("rank {rank} comm").format(rank=p.rank))
+
+    @staticmethod
+    def _verdict(p: Profile) -> str:
+        return _("{verdict}, exposed comm {share}").format(
+            verdict=_("overlapped") if p.overlapped() else _("no overlap"),
+            share=f"{p.comm_share():.0%}")
+
     def __str__(self) -> str:
-        out = [self.title]
+        out = [self._title()]
+        pad = max(len(label) for p in self.profiles for label in self._lanes(p)) + 1
         for p in self.profiles:
-            verdict = "overlapped" if p.overlapped() else "no overlap"
-            out.append(f"rank {p.rank} compute |{self._lane_text(p.compute)}|")
-            out.append(f"rank {p.rank} comm    |{self._lane_text(p.comm, p.issues)}| "
-                       f"{verdict}, exposed comm {p.comm_share():.0%}")
-        out.append(" " * 15 + "0" + f"{self.end:.3g}".rjust(self.width + 1) + " ms")
-        out.append("F forward  B backward  o other compute  = communication  | issued")
+            compute, comm = self._lanes(p)
+            out.append(f"{compute.ljust(pad)}|{self._lane_text(p.compute)}|")
+            out.append(f"{comm.ljust(pad)}|{self._lane_text(p.comm, p.issues)}| "
+                       f"{self._verdict(p)}")
+        out.append(" " * pad + "0" + f"{self.end:.3g}".rjust(self.width + 1) + " " + _("ms"))
+        out.append(_("F forward  B backward  o other compute  = communication  | issued"))
         return "\n".join(out)
 
     def _repr_svg_(self) -> str:
@@ -62,11 +78,12 @@ class ProfilePicture(Picture):
         height = top + rows * (2 * lane_h + 12) + 50
         x_of = lambda t: label_w + t / self.end * plot_w  # noqa: E731
         out = [svg_start(label_w + plot_w + right_w, height),
-               f'<text x="4" y="16">{html.escape(self.title)}</text>']
+               f'<text x="4" y="16">{html.escape(self._title())}</text>']
         for i, p in enumerate(self.profiles):
             y = top + i * (2 * lane_h + 12)
-            out.append(f'<text x="4" y="{y + 13}">rank {p.rank} compute</text>'
-                       f'<text x="4" y="{y + lane_h + 13}">rank {p.rank} comm</text>')
+            compute, comm = (html.escape(label) for label in self._lanes(p))
+            out.append(f'<text x="4" y="{y + 13}">{compute}</text>'
+                       f'<text x="4" y="{y + lane_h + 13}">{comm}</text>')
             out.append(f'<rect x="{label_w}" y="{y}" width="{plot_w}" height="{2 * lane_h}" '
                        'fill="#f4f4f4"/>')
             for lane, intervals in ((0, p.compute), (1, p.comm)):
@@ -79,21 +96,23 @@ class ProfilePicture(Picture):
             for t in p.issues:
                 out.append(f'<line x1="{x_of(t):.1f}" x2="{x_of(t):.1f}" y1="{y + lane_h}" '
                            f'y2="{y + 2 * lane_h}" stroke="black" stroke-width="1"/>')
-            verdict = "overlapped" if p.overlapped() else "no overlap"
-            out.append(f'<text x="{label_w + plot_w + 6}" y="{y + lane_h + 4}">{verdict}, '
-                       f"exposed comm {p.comm_share():.0%}</text>")
+            out.append(f'<text x="{label_w + plot_w + 6}" y="{y + lane_h + 4}">'
+                       f"{html.escape(self._verdict(p))}</text>")
         y = top + rows * (2 * lane_h + 12) + 4
         for k in range(6):
             t = self.end * k / 5
             out.append(f'<text x="{x_of(t):.1f}" y="{y + 10}" text-anchor="middle">{t:.3g}'
                        "</text>")
         x = label_w
-        for kind, label in (("forward", "forward"), ("backward", "backward"),
-                            ("other", "other compute"), ("comm", "collective, issue to end")):
+        for kind, label in (("forward", _("forward")), ("backward", _("backward")),
+                            ("other", _("other compute")),
+                            ("comm", _("collective, issue to end"))):
             out.append(f'<rect x="{x}" y="{y + 22}" width="12" height="12" '
-                       f'fill="{_COLOUR[kind]}"/><text x="{x + 16}" y="{y + 32}">{label}</text>')
-            x += 40 + 7 * len(label)
-        out.append(f'<text x="{x}" y="{y + 32}">time (ms); a black tick: issued</text></svg>')
+                       f'fill="{_COLOUR[kind]}"/><text x="{x + 16}" y="{y + 32}">'
+                       f"{html.escape(label)}</text>")
+            x += 40 + sum(13 if ord(c) > 0x2E80 else 7 for c in label)   # CJK is wider
+        out.append(f'<text x="{x}" y="{y + 32}">'
+                   f'{html.escape(_("time (ms); a black tick: issued"))}</text></svg>')
         return "".join(out)
 
 
