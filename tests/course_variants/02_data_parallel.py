@@ -451,6 +451,23 @@ VARIANTS = [
                                                "dist.broadcast(p, src=0)")),
      "loses": ["broadcast_tests"],
      "visible": ["broadcast_tests"], "visible_says": ["rank 2's weights"]},
+    {"name": "right another way: the parameters broadcast as one flat buffer, copied back",
+     "replace": _edit("broadcast_parameters", (
+         "        for p in model.parameters():\n"
+         "            dist.broadcast(p, src=src)\n",
+         "        params = list(model.parameters())\n"
+         "        flat = torch.nn.utils.parameters_to_vector(params)\n"
+         "        dist.broadcast(flat, src=src)\n"
+         "        torch.nn.utils.vector_to_parameters(flat, params)\n")),
+     "loses": []},
+    {"name": "the parameters broadcast, then the state_dict's tensors: the same ones again",
+     "replace": _edit("broadcast_parameters", (
+         "            dist.broadcast(p, src=src)\n",
+         "            dist.broadcast(p, src=src)\n"
+         "        for t in model.state_dict().values():     # the buffers too\n"
+         "            dist.broadcast(t, src=src)\n")),
+     "loses": ["broadcast_tests"],
+     "visible": ["broadcast_tests"], "visible_says": ["every parameter's values once"]},
     {"name": "only the parameters that require grad broadcast (a frozen one keeps its own)",
      "replace": _edit("broadcast_parameters", (
          "        for p in model.parameters():\n",
@@ -487,9 +504,9 @@ VARIANTS = [
      "visible": ["dp_train_step_tests"], "visible_says": ["dp.loss_returned_scaled"]},
     {"name": "a barrier after the all-reduces: right numbers, two kinds of collective",
      "replace": _edit("dp_train_step", (
-         "    with torch.no_grad():\n        for p in model.parameters():\n            p -= lr",
+         "    with torch.no_grad():\n        for p in trained:\n            p -= lr",
          "    dist.barrier()\n"
-         "    with torch.no_grad():\n        for p in model.parameters():\n            p -= lr")),
+         "    with torch.no_grad():\n        for p in trained:\n            p -= lr")),
      "loses": ["dp_train_step_tests"],
      "visible": ["dp_train_step_tests"], "visible_says": ["dp.step_ops"]},
     {"name": "the loss returned is recomputed after the update",
@@ -520,6 +537,21 @@ VARIANTS = [
          "        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)\n", "")),
      "loses": ["dp_train_step_tests"],
      "visible": ["dp_train_step_tests"], "visible_says": ["stepped with different gradients"]},
+    {"name": "every parameter's gradient all-reduced, a frozen one's None too",
+     "replace": _edit("dp_train_step", (
+         "    trained = [p for p in model.parameters() if p.grad is not None]\n",
+         "    trained = list(model.parameters())\n")),
+     "loses": ["dp_train_step_tests"],
+     "visible": ["dp_train_step_tests"], "visible_says": ["dp.frozen_parameter"]},
+    {"name": "a frozen parameter's gradient sent as zeros with the others",
+     "replace": _edit("dp_train_step", (
+         "    trained = [p for p in model.parameters() if p.grad is not None]\n",
+         "    for p in model.parameters():\n"
+         "        if p.grad is None:\n"
+         "            p.grad = torch.zeros_like(p)\n"
+         "    trained = list(model.parameters())\n")),
+     "loses": ["dp_train_step_tests"],
+     "visible": ["dp_train_step_tests"], "visible_says": ["dp.frozen_sent"]},
     {"name": "the library's DataParallel used inside dp_train_step (switched off while graded)",
      "replace": _edit("dp_train_step", (
          "    world = dist.get_world_size()\n",
@@ -686,6 +718,15 @@ VARIANTS = [
      "replace": _edit("overlapping_dp", ("            self.work[b].wait()\n", "")),
      "loses": ["overlapping_dp_tests"],
      "visible": ["overlapping_dp_tests"], "visible_says": ["dp.read_before_done"]},
+    {"name": "finish() divides each bucket in place before waiting on it (the learner pass's)",
+     "replace": _edit("overlapping_dp", (
+         "            self.work[b].wait()\n"
+         "            flat = self.flat[b] / self.world\n",
+         "            self.flat[b] /= self.world\n"
+         "            self.work[b].wait()\n"
+         "            flat = self.flat[b]\n")),
+     "loses": ["overlapping_dp_tests"],
+     "visible": ["overlapping_dp_tests"], "visible_says": ["check.written_in_flight"]},
     {"name": "finish() forgets to divide the bucket sums by the world size",
      "replace": _edit("overlapping_dp", ("flat = self.flat[b] / self.world", "flat = self.flat[b]")),
      "loses": ["overlapping_dp_tests"],
@@ -865,7 +906,7 @@ VARIANTS = [
      "visible": ["sharded_momentum_sgd_tests"], "visible_says": ["no 1 - momentum factor"]},
     # -- 9 recall -------------------------------------------------------------------------------
     {"name": "recall: every answer a real misconception",
-     "replace": {**_edit("recall_1", ('answer_1 = "d"', 'answer_1 = "a"')),
+     "replace": {**_edit("recall_1", ('answer_1 = "b"', 'answer_1 = "a"')),
                  **_edit("recall_2", ('answer_2 = "a"', 'answer_2 = "b"')),
                  **_edit("recall_3", ('answer_3 = "d"', 'answer_3 = "b"')),
                  **_edit("recall_4", ("answer_4 = 14.0", "answer_4 = 16.0")),
