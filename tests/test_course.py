@@ -467,7 +467,8 @@ def stood_in(name: str) -> dict[int, frozenset[str]]:
 # after any change before them they always run again in a variant's grading, so each is a
 # choice, not an accident (07's tests once read ctx through vars(): every variant of the
 # notebook re-ran its two heaviest test cells, 520 s of the suite).
-READS_EVERYTHING = {"04_pipeline": {"code_mem"}, "05_hybrid": {"hybrid_comm_tests"}}
+READS_EVERYTHING = {"04_pipeline": {"code_mem"}, "05_hybrid": {"hybrid_comm_tests"},
+                    "10_pipeline_schedules": {"code_21"}}   # a reveal asks if a name is set
 
 
 @pytest.mark.parametrize("name", ASSIGNMENTS)
