@@ -21,6 +21,7 @@ import os
 import shutil
 import struct
 import tempfile
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ from dpmp_lab.launcher.starting import WARM_ENV
 FRAME = struct.Struct(">Q")
 SOCKET = "relay"          # the relay's socket, in the harness's socket folder
 RELAYED_TEXT = 1 << 20    # characters of the learner's printing that one request passes on
+SETTLE_S = 10             # an interrupted request's line to end, at most
 
 
 async def run_step(client: NotebookClient, source: str, index: int) -> NotebookNode:
@@ -102,16 +104,30 @@ class HarnessClient(NotebookClient):
 
 class Relay:
     """Serves the harness's requests on a unix socket: each is written for the learner's kernel,
-    done there by one line (agent.serve), and answered with what that line wrote."""
+    done there by one line (agent.serve), and answered with what that line wrote.
+
+    With a cell time limit, a request gets what is left of the harness cell's time less a
+    margin: past it the learner's kernel is interrupted and the request answered as stopped,
+    before the harness cell's own limit. A learner's function that never returns then costs
+    the cell that called it, not every cell after it (the harness and the kernel stay in step)."""
 
     def __init__(self, learner: NotebookClient, exchange: Path, exchange_inside: str,
-                 socket_path: str) -> None:
+                 socket_path: str, cell_timeout: float | None = None) -> None:
         self.learner = learner
         self.exchange, self.exchange_inside = exchange, exchange_inside
         self.socket_path = socket_path
         self.index = 0                        # the harness cell being run: outputs count there
+        self.cell_started = time.monotonic()  # ... and when it began
+        self.cell_timeout = cell_timeout
         self.requests = 0
         self.failure: BaseException | None = None   # the learner's kernel died, a limit was hit
+
+    def time_left(self) -> float | None:
+        """Seconds a request may still run in the learner's kernel (None: no limit)."""
+        if not self.cell_timeout:
+            return None
+        margin = min(max(1.5 * SETTLE_S, self.cell_timeout / 5), self.cell_timeout / 2)
+        return self.cell_timeout - margin - (time.monotonic() - self.cell_started)
 
     @contextlib.asynccontextmanager
     async def serving(self) -> AsyncIterator[Relay]:
@@ -164,7 +180,9 @@ class Relay:
         line = (f"__import__('dpmp_lab.harness.agent', fromlist=['serve']).serve("
                 f"{self.exchange_inside!r}, {n})")
         try:
-            step = await run_step(self.learner, line, self.index)
+            step = await self._step(line)
+        except _Stopped as exc:
+            return {"ok": False, "error": str(exc)}, b""
         except DeadKernelError as exc:
             self.failure = exc
             return {"ok": False, "error": "your kernel died"}, b""
@@ -189,6 +207,43 @@ class Relay:
         if error:
             return {"ok": False, "error": error, "outputs": outputs}, b""
         return {"ok": True, "outputs": outputs}, answer
+
+    async def _step(self, line: str) -> NotebookNode:
+        """The request's line in the learner's kernel, within the time left (_Stopped past it,
+        the kernel interrupted and ready again)."""
+        left = self.time_left()
+        if left is None:
+            return await run_step(self.learner, line, self.index)
+        if left < 1:
+            raise _Stopped("no time was left in this cell for your code to run")
+        learner = self.learner
+        saved = learner.timeout, learner.interrupt_on_timeout, learner.error_on_timeout
+        # past the time left nbclient interrupts the kernel, waits for the interrupted line to
+        # end and answers with this error: the kernel is then ready for the next request
+        learner.timeout = max(1, int(left))   # nbclient counts whole seconds
+        learner.interrupt_on_timeout, learner.error_on_timeout = True, _TIMED_OUT
+        started = time.monotonic()
+        try:
+            step = await run_step(learner, line, self.index)
+        finally:
+            learner.timeout, learner.interrupt_on_timeout, learner.error_on_timeout = saved
+        # the interrupted line's own error comes back as its output: KeyboardInterrupt
+        if time.monotonic() - started >= int(left) and any(
+                out.output_type == "error" and out.get("ename") in ("KeyboardInterrupt",
+                                                                    _TIMED_OUT["ename"])
+                for out in step.outputs):
+            raise _Stopped(f"your code had not returned after {int(left)} s, this cell's time "
+                           "less the grader's margin, and was stopped there (a loop that never "
+                           "ends?)")
+        return step
+
+
+_TIMED_OUT = {"ename": "RelayTimeout", "evalue": "stopped at the request's time limit",
+              "traceback": []}
+
+
+class _Stopped(Exception):
+    """A request stopped at its time limit; the learner's kernel is ready again."""
 
 
 def _relayed(outputs: list) -> tuple[list[dict], str]:
@@ -258,7 +313,8 @@ async def harness_beside(learner: NotebookClient, names: frozenset[str],
                              harness.async_start_new_kernel(cwd=str(folder), env=env))
         async with learner.async_setup_kernel(), \
                 harness.async_setup_kernel(cleanup_kc=True):
-            relay = Relay(learner, outside, inside, str(folder / SOCKET))
+            relay = Relay(learner, outside, inside, str(folder / SOCKET),
+                          cell_timeout=settings.get("timeout"))
             async with relay.serving():
                 step = await run_step(harness, install_line(relay.socket_path, names), 0)
                 errors = [o for o in step.outputs if o.output_type == "error"]
@@ -283,7 +339,7 @@ async def run_notebook(learner: NotebookClient, harness: HarnessClient, relay: R
             await learner.async_execute_cell(cell, index,
                                              execution_count=learner.code_cells_executed + 1)
         if where is Where.HARNESS or where is Where.BOTH:
-            relay.index = index
+            relay.index, relay.cell_started = index, time.monotonic()
             if where is Where.HARNESS:
                 await harness.async_execute_cell(cell, index,
                                                  execution_count=learner.code_cells_executed + 1)
