@@ -409,7 +409,12 @@ VARIANTS = [
     {"name": "the shard size hard-coded for the notebook's batch of 64 on 4 ranks",
      "replace": _edit("shard_batch", ("    per_rank = n // world_size\n", "    per_rank = 16\n")),
      "loses": ["shard_batch_tests"],
-     "visible": ["shard_batch_tests"], "visible_says": ["one contiguous slice", "dp.shard_slice"]},
+     "visible": ["shard_batch_tests"], "visible_says": ["dp.shard_size"]},
+    {"name": "the shard returned as float32 (a float64 batch, integer labels converted)",
+     "replace": _edit("shard_batch", ("return batch[rank * per_rank:(rank + 1) * per_rank]",
+                                      "return batch[rank * per_rank:(rank + 1) * per_rank].float()")),
+     "loses": ["shard_batch_tests"],
+     "visible": ["shard_batch_tests"], "visible_says": ["dp.shard_dtype"]},
     {"name": "the notebook's global batch size in place of the batch passed in",
      "replace": _edit("shard_batch", ("    n = batch.shape[0]\n", "    n = BATCH\n")),
      "loses": ["shard_batch_tests"],
@@ -451,6 +456,23 @@ VARIANTS = [
                                                "dist.broadcast(p, src=0)")),
      "loses": ["broadcast_tests"],
      "visible": ["broadcast_tests"], "visible_says": ["rank 2's weights"]},
+    {"name": "a flat broadcast buffer of the notebook's N_NUMEL numbers (sixth pass)",
+     "replace": _edit("broadcast_parameters", (
+         "        for p in model.parameters():\n"
+         "            dist.broadcast(p, src=src)\n",
+         "        params = list(model.parameters())\n"
+         "        flat = torch.zeros(N_NUMEL, dtype=params[0].dtype, device=params[0].device)\n"
+         "        if dist.get_rank() == src:\n"
+         "            flat.copy_(torch.cat([p.reshape(-1) for p in params]))\n"
+         "        dist.broadcast(flat, src=src)\n"
+         "        torch.nn.utils.vector_to_parameters(flat, params)\n")),
+     "loses": ["broadcast_tests"],
+     "visible": ["broadcast_tests"], "visible_says": ["dp.broadcast_fixed_size"]},
+    {"name": "async broadcasts never waited on (sixth pass)",
+     "replace": _edit("broadcast_parameters", ("dist.broadcast(p, src=src)",
+                                               "dist.broadcast(p, src=src, async_op=True)")),
+     "loses": ["broadcast_tests"],
+     "visible": ["broadcast_tests"], "visible_says": ["check.unwaited"]},
     {"name": "right another way: the parameters broadcast as one flat buffer, copied back",
      "replace": _edit("broadcast_parameters", (
          "        for p in model.parameters():\n"
@@ -537,6 +559,34 @@ VARIANTS = [
          "        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)\n", "")),
      "loses": ["dp_train_step_tests"],
      "visible": ["dp_train_step_tests"], "visible_says": ["stepped with different gradients"]},
+    # the sixth learner pass's
+    {"name": "the sum divided by 3, a number right on 3 ranks only",
+     "replace": _edit("dp_train_step", ("        p.grad /= world\n", "        p.grad /= 3\n")),
+     "loses": ["dp_train_step_tests"],
+     "visible": ["dp_train_step_tests"], "visible_says": ["dp.fixed_divisor"]},
+    {"name": "a copy of each gradient averaged and used for the update; p.grad keeps its own",
+     "replace": _edit("dp_train_step", (
+         "    for p in trained:\n"
+         "        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)\n"
+         "        p.grad /= world\n"
+         "    with torch.no_grad():\n"
+         "        for p in trained:\n"
+         "            p -= lr * p.grad\n",
+         "    averaged = [p.grad.clone() for p in trained]\n"
+         "    for g in averaged:\n"
+         "        dist.all_reduce(g, op=dist.ReduceOp.SUM)\n"
+         "        g /= world\n"
+         "    with torch.no_grad():\n"
+         "        for p, g in zip(trained, averaged):\n"
+         "            p -= lr * g\n")),
+     "loses": ["dp_train_step_tests"],
+     "visible": ["dp_train_step_tests"], "visible_says": ["dp.grad_local"]},
+    {"name": "the gradients zeroed (set_to_none=False) after the update",
+     "replace": _edit("dp_train_step", ("    model.zero_grad()\n", ""),
+                      ("    return loss.item()",
+                       "    model.zero_grad(set_to_none=False)\n    return loss.item()")),
+     "loses": ["dp_train_step_tests"],
+     "visible": ["dp_train_step_tests"], "visible_says": ["dp.grad_cleared_after"]},
     {"name": "every parameter's gradient all-reduced, a frozen one's None too",
      "replace": _edit("dp_train_step", (
          "    trained = [p for p in model.parameters() if p.grad is not None]\n",
@@ -717,7 +767,7 @@ VARIANTS = [
     {"name": "finish() reads the buckets without waiting for their all-reduces",
      "replace": _edit("overlapping_dp", ("            self.work[b].wait()\n", "")),
      "loses": ["overlapping_dp_tests"],
-     "visible": ["overlapping_dp_tests"], "visible_says": ["dp.read_before_done"]},
+     "visible": ["overlapping_dp_tests"], "visible_says": ["check.unwaited"]},
     {"name": "finish() divides each bucket in place before waiting on it (the learner pass's)",
      "replace": _edit("overlapping_dp", (
          "            self.work[b].wait()\n"
@@ -727,6 +777,19 @@ VARIANTS = [
          "            flat = self.flat[b]\n")),
      "loses": ["overlapping_dp_tests"],
      "visible": ["overlapping_dp_tests"], "visible_says": ["check.written_in_flight"]},
+    {"name": "finish() waits on the last bucket's handle only (sixth pass)",
+     "replace": _edit("overlapping_dp", ("            self.work[b].wait()\n", ""), (
+         "        for b, members in enumerate(self.buckets):\n",
+         "        self.work[-1].wait()\n"
+         "        for b, members in enumerate(self.buckets):\n")),
+     "loses": ["overlapping_dp_tests"],
+     "visible": ["overlapping_dp_tests"], "visible_says": ["check.unwaited"]},
+    {"name": "the hooks registered on the tensor (register_hook), before p.grad is written",
+     "replace": _edit("overlapping_dp", (
+         "p.register_post_accumulate_grad_hook(lambda _p, i=i: self._grad_ready(i))",
+         "p.register_hook(lambda _g, i=i: self._grad_ready(i))")),
+     "loses": ["overlapping_dp_tests"],
+     "visible": ["overlapping_dp_tests"], "visible_says": ["dp.hook_before_grad"]},
     {"name": "finish() forgets to divide the bucket sums by the world size",
      "replace": _edit("overlapping_dp", ("flat = self.flat[b] / self.world", "flat = self.flat[b]")),
      "loses": ["overlapping_dp_tests"],
@@ -898,6 +961,10 @@ VARIANTS = [
     {"name": "ZeRO-1 with a full-size momentum kept on every rank, self.momentum a view of it",
      "replace": FULL_MOMENTUM_KEPT, "loses": ["sharded_momentum_sgd_tests"],
      "visible": ["sharded_momentum_sgd_tests"], "visible_says": ["dp.zero1_memory"]},
+    {"name": "ZeRO-1: the gradient shard divided by 3, right on 3 ranks only (sixth pass)",
+     "replace": _edit("sharded_momentum_sgd", ("        grad_shard /= self.world\n",
+                                               "        grad_shard /= 3\n")),
+     "loses": ["sharded_momentum_sgd_tests"], "visible": ["sharded_momentum_sgd_tests"]},
     {"name": "ZeRO-1 momentum as a moving average: buf = mu * buf + (1 - mu) * g",
      "replace": _edit("sharded_momentum_sgd", (
          "self.momentum.mul_(self.mu).add_(grad_shard)",
