@@ -519,6 +519,49 @@ def peak_in_flight(row):
     return sum(1 for a in row[:last_f + 1] if a[0] == "F") - sum(1 for a in row[:last_f] if a[0] == "B")
 '''}
 
+# the sixth pass's: three cases written out, the middle stage as rank 1 (a fourth stage hangs)
+NAIVE_MIDDLE_IS_RANK_1 = {"naive": '''\
+def naive_pipeline_step(x, y):
+    """Forward and backward of the whole batch through p = world_size stages, stage r on rank r.
+
+    Returns {"loss": the loss on the last rank (None on the others),
+             "grads": {name: gradient} of the parameters this rank's stage holds}.
+    """
+    rank, p = dist.get_rank(), dist.get_world_size()
+    dev = dl.device()                      # where this rank's tensors and model live
+    model = make_model().to(dev)
+    x, y = x.to(dev), y.to(dev)            # the batch arrives from the notebook on the CPU
+    stage = dl.pp.split_pieces(list(model.layers), p)[rank]
+    loss = None
+    # YOUR CODE HERE
+    rows = x.shape[0]
+    if rank == 0:
+        out = stage(x)
+        dist.send(out.detach(), dst=1)
+        g = torch.empty(rows, HIDDEN, dtype=torch.float64, device=dev)
+        dist.recv(g, src=1)
+        out.backward(g)
+    elif rank == p - 1:
+        inp = torch.empty(rows, HIDDEN, dtype=torch.float64, device=dev)
+        dist.recv(inp, src=rank - 1)
+        inp.requires_grad_()
+        loss = F.mse_loss(stage(inp), y)
+        loss.backward()
+        dist.send(inp.grad, dst=rank - 1)
+    elif rank == 1:                        # the middle stage
+        inp = torch.empty(rows, HIDDEN, dtype=torch.float64, device=dev)
+        dist.recv(inp, src=0)
+        inp.requires_grad_()
+        out = stage(inp)
+        dist.send(out.detach(), dst=2)
+        g = torch.empty(rows, HIDDEN, dtype=torch.float64, device=dev)
+        dist.recv(g, src=2)
+        out.backward(g)
+        dist.send(inp.grad, dst=0)
+    grads = {n: q.grad.clone() for n, q in model.named_parameters() if q.grad is not None}
+    return {"loss": None if loss is None else loss.item(), "grads": grads}
+'''}
+
 VARIANTS = [
     {"name": "naive pipeline written for 3 stages (the visible case)",
      "replace": _edit("naive", ("    if rank < p - 1:\n        dist.send(out.detach()",
@@ -526,6 +569,10 @@ VARIANTS = [
                       ("    if rank == p - 1:\n        loss.backward()",
                        "    if rank == 2:\n        loss.backward()")),
      "loses": ["naive_tests", "naive_comm_tests"], "visible": ["naive_tests"]},
+    {"name": "naive pipeline as first, middle and last stage, the middle one hard-coded as rank 1"
+             " (right on 2 and 3 ranks; sixth pass)",
+     "replace": NAIVE_MIDDLE_IS_RANK_1, "loses": ["naive_tests", "naive_comm_tests"],
+     "visible": ["naive_tests"]},
     {"name": "naive pipeline receiving into a buffer of the notebook's BATCH rows",
      "replace": _edit("naive", ("torch.empty(x.shape[0], HIDDEN", "torch.empty(BATCH, HIDDEN")),
      "loses": ["naive_tests"], "visible": ["naive_tests"], "visible_says": ["pp.fixed_batch"]},
@@ -613,6 +660,19 @@ VARIANTS = [
      "visible": ["peak_tests"], "visible_says": ["is switched off"]},
     {"name": "prediction: rows held taken to grow like the count of micro-batches",
      "replace": COUNTS_ARE_BYTES, "loses": ["predict_tests"]},
+    {"name": "DP x PP: the replicas' all-reduce asynchronous, its handle dropped (sixth pass)",
+     "replace": _edit("dp_pp", ("        dist.all_reduce(flat, group=grid.dp_group)",
+                                "        dist.all_reduce(flat, group=grid.dp_group, async_op=True)")),
+     "loses": ["dp_pp_tests"], "visible": ["dp_pp_tests"],
+     "visible_says": ["check.unwaited"]},
+    {"name": "DP x PP: divided in place before waiting on the asynchronous all-reduce",
+     "replace": _edit("dp_pp", ("        dist.all_reduce(flat, group=grid.dp_group)      # SUM, then divide: runs on every backend\n"
+                                "        flat /= grid.dp\n",
+                                "        work = dist.all_reduce(flat, group=grid.dp_group, async_op=True)\n"
+                                "        flat /= grid.dp\n"
+                                "        work.wait()\n")),
+     "loses": ["dp_pp_tests"], "visible": ["dp_pp_tests"],
+     "visible_says": ["check.written_in_flight"]},
     {"name": "DP x PP: sum over the replicas instead of the average",
      "replace": SUM_NOT_AVERAGE, "loses": ["dp_pp_tests"],
      "visible": ["dp_pp_tests"], "visible_says": ["pp.dp_sum_not_divided"]},
