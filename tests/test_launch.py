@@ -348,7 +348,8 @@ def test_a_result_over_max_result_bytes_is_refused_in_the_rank():
         dl.launch(big, world_size=2, max_result_bytes=1000, stream=False, timeout=20,
                   pg_timeout=5)
     err = info.value
-    assert list(err.failures) == [1] and err.finished == [0]
+    # rank 0 returned, or, on a loaded machine, was stopped before its result came: never failed
+    assert list(err.failures) == [1] and sorted(err.finished + err.stopped) == [0]
     text = str(err)
     assert "rank 1 raised ValueError: the function's result is 4." in text
     assert "over the launch's limit of 1000 B (max_result_bytes=1,000)" in text
