@@ -625,6 +625,9 @@ VARIANTS = [
     {"name": "runner: right numbers and messages, but keeps every micro-batch to the end",
      "replace": KEEPS_EVERY_MICROBATCH, "loses": ["runner_tests"],
      "visible": ["runner_tests"], "visible_says": ["pp.activations_kept"]},
+    {"name": "runner: the stage's gradients cleared as the runner starts (sixth pass)",
+     "replace": _edit("runner", ("    losses = []\n", "    losses = []\n    stage.module.zero_grad()\n")),
+     "loses": ["runner_tests"], "visible": ["runner_tests"], "visible_says": ["pp.runner_cleared"]},
     {"name": "runner: the micro-batch counted, not read from the action (right on every "
              "library row only)",
      "replace": COUNTS_THE_MICROBATCHES, "loses": ["runner_tests"],
