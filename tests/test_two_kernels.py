@@ -1,6 +1,7 @@
 """The two kernels of a graded notebook and the relay between them
 (dpmp_lab/instructor/two_kernels.py), run for real on a notebook of three cells: the learner's
-functions, a test cell that calls one that never returns, a test cell after it."""
+functions, a test cell that calls one that never returns, a test cell after it; released in
+Japanese, so that the relay's words are seen to reach the learner in the notebook's language."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ CELL_TIMEOUT = 10
 
 def _graded() -> nbformat.NotebookNode:
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src) for _, src in CELLS])
+    nb.metadata["dpmp_lab"] = {"language": "ja"}
     the_plan = plan(CELLS)
 
     async def run() -> None:
@@ -43,7 +45,8 @@ def test_a_learners_function_that_never_returns_costs_only_the_cell_that_called_
     started = time.monotonic()
     nb = _graded()
     errors = [o for o in nb.cells[1].outputs if o.output_type == "error"]
-    assert errors and "had not returned after" in errors[0].evalue, nb.cells[1].outputs
+    # "your code had not returned after N s, ..." in the notebook's language
+    assert errors and "秒" in errors[0].evalue and "戻らず" in errors[0].evalue, errors
     assert "TimeoutError" not in errors[0].evalue
     printed = "".join(o.get("text", "") for o in nb.cells[2].outputs)
     assert "after: 3" in printed, nb.cells[2].outputs

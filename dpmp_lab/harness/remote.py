@@ -42,6 +42,7 @@ from dpmp_lab.check.failed import CheckFailed
 from dpmp_lab.check.references import ReferenceSwitchedOff, standing_in, switched_off
 from dpmp_lab.harness.allowed import ALLOWED
 from dpmp_lab.harness.codec import NotData, decode
+from dpmp_lab.i18n.messages import _
 from dpmp_lab.integrity import TamperingDetected
 from dpmp_lab.launcher import launch as launch_module
 from dpmp_lab.launcher.failures import LaunchError, LaunchTimeout
@@ -148,7 +149,7 @@ class Link:
         while got < size:
             chunk = self.sock.recv(min(size - got, 1 << 20))
             if not chunk:
-                raise HarnessError("the grader closed the harness's link")
+                raise HarnessError(_("the grader closed the harness's link"))
             chunks.append(chunk)
             got += len(chunk)
         data = b"".join(chunks)
@@ -172,15 +173,15 @@ class Link:
         header, answer = self._exchange(data)
         _replay(header.get("outputs", []))
         if not header.get("ok"):
-            raise HarnessError(header.get("error") or "your kernel did not answer the grader")
+            raise HarnessError(_said(header))
         try:
             reply = decode(answer, ALLOWED, self.remote)
         except NotData as exc:
-            raise HarnessError(f"{what} gave the grader something it cannot read ({exc}): "
-                               "answers are numbers, strings, lists, tuples, dicts or tensors"
-                               ) from None
+            raise HarnessError(_("{what} gave the grader something it cannot read ({why}): "
+                                 "answers are numbers, strings, lists, tuples, dicts or "
+                                 "tensors").format(what=what, why=exc)) from None
         if type(reply) is not dict:
-            raise HarnessError("your kernel's answer to the grader is not one it sends")
+            raise HarnessError(_("your kernel's answer to the grader is not one it sends"))
         if "raised" in reply:
             raise rebuilt(reply["raised"])
         return reply
@@ -192,6 +193,21 @@ class Link:
         return Remote(self, body[0], body[1], body[2])
 
 
+def _said(header: dict) -> str:
+    """A failed request's message in the language of the moment: the grader sends it as an
+    English template and its fields (two_kernels._error)."""
+    template = header.get("error")
+    if not isinstance(template, str) or not template:
+        return _("your kernel did not answer the grader")
+    fields = header.get("fields") if isinstance(header.get("fields"), dict) else {}
+    for text in (_(template), template):   # a translation that lost a field: the English
+        try:
+            return text.format(**fields)
+        except (KeyError, IndexError, ValueError):
+            continue
+    return template
+
+
 def _name(fn: Any) -> str:
     return repr(fn) if type(fn) is Remote else getattr(fn, "__qualname__", "the function")
 
@@ -201,12 +217,12 @@ def _write_back(mine: list[torch.Tensor], changed: Any) -> None:
     if not changed:
         return
     if type(changed) is not list:
-        raise HarnessError("your kernel's answer to the grader is not one it sends")
+        raise HarnessError(_("your kernel's answer to the grader is not one it sends"))
     with torch.no_grad():
         for item in changed:
             if not (type(item) is tuple and len(item) == 2 and type(item[0]) is int
                     and 0 <= item[0] < len(mine) and isinstance(item[1], torch.Tensor)):
-                raise HarnessError("your kernel's answer to the grader is not one it sends")
+                raise HarnessError(_("your kernel's answer to the grader is not one it sends"))
             target, new = mine[item[0]], item[1]
             if target.shape != new.shape:
                 target.resize_(new.shape)
@@ -231,7 +247,7 @@ def _replay(outputs: Iterable[Any]) -> None:
 def rebuilt(info: Any) -> BaseException:
     """The exception an answer says the learner's code raised."""
     if type(info) is not dict:
-        return HarnessError("your kernel's answer to the grader is not one it sends")
+        return HarnessError(_("your kernel's answer to the grader is not one it sends"))
     message = str(info.get("message", ""))
     where = str(info.get("traceback", "")).rstrip()
     launch = info.get("launch")
@@ -241,8 +257,8 @@ def rebuilt(info: Any) -> BaseException:
             failures = launch.pop("failures")
             return cls(failures, **launch)
         except Exception as exc:   # noqa: BLE001 - a LaunchError's data that does not fit
-            return HarnessError(f"the learner's launch failed, and its report could not be "
-                                f"read: {type(exc).__name__}: {exc}")
+            return HarnessError(_("the learner's launch failed, and its report could not be "
+                                  "read: {what}: {why}").format(what=type(exc).__name__, why=exc))
     types_ = [t for t in info.get("types", []) if type(t) is str]
     for name in types_:
         cls = REBUILT.get(name)

@@ -35,7 +35,7 @@ from nbformat import NotebookNode
 from dpmp_lab import i18n
 from dpmp_lab.harness.exchange import ANSWER, MAX_BYTES, REQUEST
 from dpmp_lab.harness.plan import Plan, Where
-from dpmp_lab.i18n.messages import LANGUAGE_ENV
+from dpmp_lab.i18n.messages import LANGUAGE_ENV, N_
 from dpmp_lab.instructor import sandbox, submitted
 from dpmp_lab.instructor.sandbox_kernel import SandboxedKernelManager
 from dpmp_lab.launcher.starting import WARM_ENV
@@ -171,7 +171,7 @@ class Relay:
 
     async def _do(self, request: bytes) -> tuple[dict, bytes]:
         if self.failure is not None:
-            return {"ok": False, "error": f"your kernel is gone: {self.failure}"}, b""
+            return _error(N_("your kernel is gone: {why}"), why=str(self.failure))
         self.requests += 1
         n = self.requests
         asked, answered = self.exchange / REQUEST.format(n), self.exchange / ANSWER.format(n)
@@ -182,13 +182,13 @@ class Relay:
         try:
             step = await self._step(line)
         except _Stopped as exc:
-            return {"ok": False, "error": str(exc)}, b""
+            return _error(*exc.args)
         except DeadKernelError as exc:
             self.failure = exc
-            return {"ok": False, "error": "your kernel died"}, b""
+            return _error(N_("your kernel died"))
         except Exception as exc:   # noqa: BLE001 - a limit hit: the grader raises it after
             self.failure = exc
-            return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}, b""
+            return _error("{what}: {why}", what=type(exc).__name__, why=str(exc))
         finally:
             with contextlib.suppress(OSError):
                 asked.unlink()
@@ -197,15 +197,18 @@ class Relay:
             answer = (b"" if error
                       else submitted.read_small(self.exchange, answered.name, MAX_BYTES))
         except (OSError, submitted.NotData) as exc:
-            error, answer = f"your kernel wrote no answer to the grader's request ({exc})", b""
+            error = (N_("your kernel wrote no answer to the grader's request ({why})"),
+                     {"why": str(exc)})
+            answer = b""
         finally:
             with contextlib.suppress(OSError):
                 answered.unlink()
         if answer is None:
-            error, answer = ("your kernel ran the grader's request without answering it: a cell "
-                             "of yours changes what the kernel runs (an input transformer?)"), b""
+            error = (N_("your kernel ran the grader's request without answering it: a cell of "
+                        "yours changes what the kernel runs (an input transformer?)"), {})
+            answer = b""
         if error:
-            return {"ok": False, "error": error, "outputs": outputs}, b""
+            return {**_error(*error)[0], "outputs": outputs}, b""
         return {"ok": True, "outputs": outputs}, answer
 
     async def _step(self, line: str) -> NotebookNode:
@@ -215,7 +218,7 @@ class Relay:
         if left is None:
             return await run_step(self.learner, line, self.index)
         if left < 1:
-            raise _Stopped("no time was left in this cell for your code to run")
+            raise _Stopped(N_("no time was left in this cell for your code to run"))
         learner = self.learner
         saved = learner.timeout, learner.interrupt_on_timeout, learner.error_on_timeout
         # past the time left nbclient interrupts the kernel, waits for the interrupted line to
@@ -232,9 +235,9 @@ class Relay:
                 out.output_type == "error" and out.get("ename") in ("KeyboardInterrupt",
                                                                     _TIMED_OUT["ename"])
                 for out in step.outputs):
-            raise _Stopped(f"your code had not returned after {int(left)} s, this cell's time "
-                           "less the grader's margin, and was stopped there (a loop that never "
-                           "ends?)")
+            raise _Stopped(N_("your code had not returned after {seconds} s, this cell's time "
+                              "less the grader's margin, and was stopped there (a loop that "
+                              "never ends?)"), {"seconds": int(left)})
         return step
 
 
@@ -243,13 +246,21 @@ _TIMED_OUT = {"ename": "RelayTimeout", "evalue": "stopped at the request's time 
 
 
 class _Stopped(Exception):
-    """A request stopped at its time limit; the learner's kernel is ready again."""
+    """A request stopped at its time limit; the learner's kernel is ready again. Its args: the
+    message (a template) and its fields."""
 
 
-def _relayed(outputs: list) -> tuple[list[dict], str]:
+def _error(message: str, fields: dict | None = None, **more: str | int) -> tuple[dict, bytes]:
+    """A failed request's answer: the message as a template and its fields apart, so that the
+    harness says it in the notebook's language (the grader's own process speaks English)."""
+    return {"ok": False, "error": message, "fields": {**(fields or {}), **more}}, b""
+
+
+def _relayed(outputs: list) -> tuple[list[dict], tuple[str, dict] | None]:
     """(what the learner's kernel printed, as text the harness prints again; the error that
-    stopped the request's line, or "")."""
-    relayed, size, error = [], 0, ""
+    stopped the request's line, as a template and its fields, or None)."""
+    relayed: list[dict] = []
+    size, error = 0, None
     for out in outputs:
         if out.output_type == "stream":
             text = out.get("text", "")
@@ -258,8 +269,8 @@ def _relayed(outputs: list) -> tuple[list[dict], str]:
             text = out.get("data", {}).get("text/plain", "")
             relayed.append({"kind": "display", "text": text if isinstance(text, str) else ""})
         elif out.output_type == "error":
-            error = (f"your kernel could not answer the grader: {out.get('ename')}: "
-                     f"{out.get('evalue')}")
+            error = (N_("your kernel could not answer the grader: {what}: {why}"),
+                     {"what": str(out.get("ename")), "why": str(out.get("evalue"))})
             continue
         size += len(relayed[-1]["text"])
         if size > RELAYED_TEXT:
