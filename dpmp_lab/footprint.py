@@ -231,11 +231,15 @@ class Reads(TorchDispatchMode):
 class Made(TorchDispatchMode):
     """The storages the tensor operations in its window make, and with `written` those they
     fill (a module-level workspace made before), followed by weak reference: `alive()` is the
-    bytes still allocated, whoever keeps them; cheap enough to ask at every step of a loop."""
+    bytes still allocated, whoever keeps them; cheap enough to ask at every step of a loop.
+    With `scalars=False` a 0-d result is not followed: a loss kept per micro-batch for the log
+    does not grow with the model (though its storage may be larger than its 8 bytes: on CPU
+    F.mse_loss's is 256)."""
 
-    def __init__(self, written: bool = False) -> None:
+    def __init__(self, written: bool = False, scalars: bool = True) -> None:
         super().__init__()
         self.written = written
+        self.scalars = scalars
         self._refs: dict[int, tuple[int, StorageWeakRef]] = {}
 
     def _follow(self, t: Any) -> None:
@@ -251,7 +255,8 @@ class Made(TorchDispatchMode):
         given = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs))
                  if isinstance(t, torch.Tensor) and t.layout == torch.strided}
         fresh = [t for t in tree_leaves(out)
-                 if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in given]
+                 if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in given
+                 and (self.scalars or t.dim() > 0)]
         if self.written:
             # what an operator writes is in its `_schema` (no public name; torch's modes read it),
             # but c10d's declare nothing: their first argument is what they fill
@@ -268,9 +273,9 @@ class Made(TorchDispatchMode):
         return sum(size for size, ref in self._refs.values() if not ref.expired())
 
 
-def made(written: bool = False) -> Made:
+def made(written: bool = False, scalars: bool = True) -> Made:
     """`with dl.footprint.made() as m:`: `m.alive()`, the bytes left of what the code made."""
-    return Made(written)
+    return Made(written, scalars)
 
 
 def reads() -> Reads:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import dpmp_lab as dl
 from dpmp_lab.fsdp import FullyShardedDataParallel
@@ -195,6 +196,21 @@ def test_made_with_written_counts_a_buffer_made_before_that_the_window_fills():
     with dl.footprint.made() as plain:
         workspace[:10].copy_(untouched + 1)
     assert plain.alive() == 0
+
+
+def test_made_without_scalars_leaves_out_the_losses_a_loop_keeps_for_its_log():
+    x = torch.randn(4, 8, dtype=torch.float64, requires_grad=True)
+    y = torch.randn(4, 8, dtype=torch.float64)
+    for scalars in (True, False):
+        with dl.footprint.made(scalars=scalars) as made:
+            losses, outs = [], []
+            for _ in range(3):
+                out = x * 2                               # 256 bytes, kept
+                losses.append(F.mse_loss(out, y).detach())
+                outs.append(out)
+        kept = sum(t.untyped_storage().nbytes() for t in losses)
+        assert kept > 0
+        assert made.alive() == 3 * 256 + (kept if scalars else 0)
 
 
 def _kept_and_frozen() -> int:
