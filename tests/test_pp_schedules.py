@@ -66,7 +66,7 @@ def test_split_backward_is_checked_with_messages_a_learner_can_act_on():
 def test_virtual_stages_wrap_from_the_last_rank_to_the_first():
     # p = 2 ranks, v = 2 chunks: model stages 0 (rank 0), 1 (rank 1), 2 (rank 0), 3 (rank 1)
     s = pp.Schedule("mine", [["F0", "F0.1", "B0.1", "B0"], ["F0", "F0.1", "B0.1", "B0"]])
-    assert (s.n_stages, s.n_chunks, s.n_model_stages) == (2, 2, 4)
+    assert (s.n_ranks, s.n_chunks, s.n_model_stages) == (2, 2, 4)
     assert s.needs(0, pp.Action("F", 0, 1)) == (1, pp.Action("F", 0, 0))   # wraps around
     assert s.needs(1, pp.Action("B", 0, 0)) == (0, pp.Action("B", 0, 1))   # and back
     assert s.needs(1, pp.Action("B", 0, 1)) == (1, pp.Action("F", 0, 1))   # the loss
@@ -187,7 +187,7 @@ def message_orders(s: pp.Schedule) -> tuple[dict, dict]:
     """Per (sender, receiver): the messages in the order the sender sends them, and in the
     order the receiver receives them (the runner sends at the F or B that makes a message and
     receives at the one that needs it)."""
-    p, last = s.n_stages, s.n_model_stages - 1
+    p, last = s.n_ranks, s.n_model_stages - 1
     sent: dict = {}
     received: dict = {}
     for r, row in enumerate(s.actions):
@@ -213,7 +213,7 @@ def test_every_table_sends_in_the_order_its_receiver_receives():
                for m in (p, 2 * p)]
     for s in tables:
         sent, received = message_orders(s)
-        assert sent == received, (s.name, s.n_stages, s.n_microbatches, s.n_chunks)
+        assert sent == received, (s.name, s.n_ranks, s.n_microbatches, s.n_chunks)
     crossed = pp.Schedule("x", [["F0", "F1", "B0", "B1"], ["F0", "F1", "B1", "B0"]])
     sent, received = message_orders(crossed)
     assert sent != received     # runs (the grid finishes), but only because of tags

@@ -115,11 +115,11 @@ class Stage:
             raise ValueError(_("rank {rank} is not in the pipeline group {ranks}").format(
                 rank=dist.get_rank(), ranks=self.ranks))
         self.index = self.ranks.index(dist.get_rank())     # this rank's row of the schedule
-        self.n_stages = len(self.ranks)                      # ranks in the pipeline
+        self.n_ranks = len(self.ranks)                       # ranks in the pipeline (p)
         self.chunk, self.n_chunks = chunk, n_chunks
-        self.model_stage = chunk * self.n_stages + self.index
-        self.n_model_stages = n_chunks * self.n_stages
-        k, p = self.model_stage, self.n_stages
+        self.model_stage = chunk * self.n_ranks + self.index
+        self.n_model_stages = n_chunks * self.n_ranks
+        k, p = self.model_stage, self.n_ranks
         self.prev_rank = self.ranks[(k - 1) % p] if k > 0 else None
         self.next_rank = self.ranks[(k + 1) % p] if k < self.n_model_stages - 1 else None
         self.activation_shape = shape
@@ -204,8 +204,8 @@ class _Pending(NamedTuple):
 class PipelineResult:
     """What one rank did in one pipeline step."""
 
-    stage: int
-    n_stages: int
+    index: int      # this rank's place in the pipeline group (its stage, with one chunk)
+    n_ranks: int    # ranks in the pipeline group (p)
     rank: int
     schedule: str
     losses: list[float] = field(default_factory=list)   # per micro-batch; last stage only
@@ -250,7 +250,7 @@ def run_schedule(schedule: Schedule | str, stage: Stage | Sequence[Stage],
     xs, ys = _checked_batch(stages, m, inputs, targets, loss_fn)
 
     split = schedule.splits_backward[first.index]
-    result = PipelineResult(first.index, first.n_stages, dist.get_rank(), schedule.name)
+    result = PipelineResult(first.index, first.n_ranks, dist.get_rank(), schedule.name)
     held: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # (chunk, mb) -> in, out
     out_grads: dict[tuple[int, int], torch.Tensor | None] = {}   # B done, W to come
     pending: list[_Pending] = []
@@ -323,20 +323,20 @@ def _checked_stages_and_schedule(stage: Stage | Sequence[Stage], schedule: Sched
     if isinstance(schedule, str):
         if n_microbatches is None:
             raise ValueError(f"a schedule given by name ({schedule!r}) needs n_microbatches")
-        schedule = make_schedule(schedule, first.n_stages, n_microbatches,
+        schedule = make_schedule(schedule, first.n_ranks, n_microbatches,
                                  n_chunks=len(stages))
     elif not isinstance(schedule, Schedule):
         raise TypeError(f"schedule must be a Schedule or a name, not {type(schedule).__name__}")
     if n_microbatches is not None and n_microbatches != schedule.n_microbatches:
         raise ValueError(f"n_microbatches={n_microbatches}, but the schedule has "
                          f"{schedule.n_microbatches}")
-    if schedule.n_stages != first.n_stages:
-        raise ValueError(f"the schedule has {schedule.n_stages} stages but the pipeline group "
-                         f"has {first.n_stages} ranks {first.ranks}")
+    if schedule.n_ranks != first.n_ranks:
+        raise ValueError(f"the schedule has {schedule.n_ranks} stages but the pipeline group "
+                         f"has {first.n_ranks} ranks {first.ranks}")
     if schedule.n_chunks != len(stages):
         raise ValueError(f"the schedule runs {schedule.n_chunks} chunks per rank, but this rank "
                          f"passed {len(stages)} stage(s): one Stage per chunk")
-    if schedule.n_stages == 1 and schedule.n_chunks > 1:
+    if schedule.n_ranks == 1 and schedule.n_chunks > 1:
         raise ValueError(_("{chunks} chunks on a pipeline of one rank: every chunk follows the "
                            "one before on the same rank, so there is nothing to send between "
                            "them; run the chunks as one module (one Stage), or use p >= 2 "

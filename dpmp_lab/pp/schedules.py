@@ -107,7 +107,7 @@ class Schedule:
             tuple(a if isinstance(a, Action) else Action.parse(a) for a in row)
             for row in actions)
         every = [a for row in self.actions for a in row]
-        self.n_stages = len(self.actions)       # ranks: one row each
+        self.n_ranks = len(self.actions)        # ranks (p): one row each
         self.n_chunks = 1 + max((a.chunk for a in every), default=0)
         self.n_microbatches = 1 + max((a.microbatch for a in every), default=-1)
         self.splits_backward = tuple(any(a.kind == "W" for a in row) for row in self.actions)
@@ -118,7 +118,7 @@ class Schedule:
     @property
     def n_model_stages(self) -> int:
         """v * p: the stages the model is cut into (one per rank unless ranks hold chunks)."""
-        return self.n_chunks * self.n_stages
+        return self.n_chunks * self.n_ranks
 
     def row_name(self, rank: int) -> str:
         return f"stage {rank}" if self.n_chunks == 1 else f"rank {rank}"
@@ -161,7 +161,7 @@ class Schedule:
 
         Model stage k = chunk * p + rank: F of k needs F of k - 1, B of k needs B of k + 1 (the
         last stage: its own F, where the loss is), W needs its own B."""
-        p, j, c = self.n_stages, action.microbatch, action.chunk
+        p, j, c = self.n_ranks, action.microbatch, action.chunk
         k, last = c * p + rank, self.n_model_stages - 1
         if action.kind == "F":
             return None if k == 0 else ((k - 1) % p, Action("F", j, (k - 1) // p))
@@ -175,7 +175,7 @@ class Schedule:
         receiving what an action needs right before it and sending what it made right after:
         the order a checker holds a runner to (W sends nothing; model stage k = chunk * p +
         rank lives on rank k % p)."""
-        p, last, seq = self.n_stages, self.n_model_stages - 1, []
+        p, last, seq = self.n_ranks, self.n_model_stages - 1, []
         for action in self.actions[rank]:
             k = action.chunk * p + rank
             if action.kind == "F":
@@ -188,7 +188,7 @@ class Schedule:
         return {"F": 1, "B": self.backward_cost, "W": self.weight_cost}[kind]
 
     def _simulate(self) -> tuple[tuple[Span, ...], ...]:
-        p = self.n_stages
+        p = self.n_ranks
         end: dict[tuple[int, Action], int] = {}      # (rank, action) -> finish time
         spans: list[list[Span]] = [[] for _ in range(p)]
         nxt, free = [0] * p, [0] * p
@@ -217,7 +217,7 @@ class Schedule:
     @property
     def grid(self) -> list[list[str]]:
         """Rows = ranks, columns = time steps; a cell is "F0", "B3", "W3", "F3.1" or "." (idle)."""
-        rows = [["."] * self.makespan for _ in range(self.n_stages)]
+        rows = [["."] * self.makespan for _ in range(self.n_ranks)]
         for s, row in enumerate(self.spans):
             for span in row:
                 for t in range(int(span.start), int(span.end)):
@@ -239,8 +239,8 @@ class Schedule:
         """For each forward of `stage`, in order: the micro-batches (chunks apart) whose
         activations it holds as that forward begins, which a runner's memory may hold then
         besides what the forward makes."""
-        if not 0 <= stage < self.n_stages:
-            raise ValueError(f"stage {stage} is not in this {self.n_stages}-stage schedule")
+        if not 0 <= stage < self.n_ranks:
+            raise ValueError(f"stage {stage} is not in this {self.n_ranks}-stage schedule")
         frees = "W" if self.splits_backward[stage] else "B"
         held, out = 0, []
         for a in self.actions[stage]:
@@ -251,7 +251,7 @@ class Schedule:
 
     def describe(self) -> str:
         """One line: sizes, costs, the bubble (with its formula) and activations held."""
-        p, m, v = self.n_stages, self.n_microbatches, self.n_chunks
+        p, m, v = self.n_ranks, self.n_microbatches, self.n_chunks
         costs = f"F=1 B={self.backward_cost}" + (f" W={self.weight_cost}"
                                                  if any(self.splits_backward) else "")
         sizes = (_("p={p} stages").format(p=p) if v == 1
@@ -277,7 +277,7 @@ class Schedule:
     def __str__(self) -> str:
         rows = self.grid
         width = max(2, len(str(self.makespan - 1)), *(len(c) for row in rows for c in row))
-        label = max(len(_("time")), *(len(self.row_label(s)) for s in range(self.n_stages)))
+        label = max(len(_("time")), *(len(self.row_label(s)) for s in range(self.n_ranks)))
         out = [self.describe(),
                _("time").ljust(label) + " " + " ".join(str(t).ljust(width)
                                                        for t in range(self.makespan))]
@@ -335,7 +335,7 @@ _FORMULAS = {"naive": "(p-1)/p", "gpipe": "(p-1)/(m+p-1)", "1f1b": "(p-1)/(m+p-1
 def _formula_holds(schedule: Schedule) -> bool:
     """Where a schedule's formula (dl.cost.pp_bubble) holds: ZB-H1 from m = p on, ZB-H2 with
     the paper's equal costs from m = 2p - 1 on, the others always."""
-    p, m = schedule.n_stages, schedule.n_microbatches
+    p, m = schedule.n_ranks, schedule.n_microbatches
     if (schedule.n_chunks > 1) != (schedule.name == "interleaved") or \
             any(schedule.splits_backward) != (schedule.name in ("zbh1", "zbh2")):
         return False       # a hand-written table under a library schedule's name

@@ -361,13 +361,13 @@ def timeline(schedule_or_run: Any, *, width: int | None = None) -> Timeline:
     if not results or not all(isinstance(r, PipelineResult) for r in results):
         raise TypeError("dl.viz.timeline draws a pp.Schedule, or the PipelineResults of a run "
                         "(a launch whose ranks return pp.run_schedule(...), or a list of them)")
-    results.sort(key=lambda r: (r.stage, r.rank))
+    results.sort(key=lambda r: (r.index, r.rank))
     t0 = min(s.start for r in results for s in r.spans)
-    rows = [(f"stage {r.stage} (rank {r.rank})",
+    rows = [(f"stage {r.index} (rank {r.rank})",
              [s._replace(start=(s.start - t0) * 1e3, end=(s.end - t0) * 1e3) for s in r.spans])
             for r in results]
     bubble = measured_bubble(results).overall
-    title = (f"{results[0].schedule}, measured: p={results[0].n_stages} stages, "
+    title = (f"{results[0].schedule}, measured: p={results[0].n_ranks} stages, "
              f"m={1 + max(s.microbatch for s in results[0].spans)} micro-batches; "
              f"bubble {bubble:.1%}")
     return Timeline(rows, unit=N_("ms"), title=title, width=width)

@@ -116,7 +116,7 @@ def run_stage(actions, stage, x, y, loss_fn):
     """The library's runner, on the schedule whose row this is."""
     m = len(actions) // 2
     for name in ("1f1b", "gpipe", "naive"):
-        schedule = dl.pp.make_schedule(name, stage.n_stages, m)
+        schedule = dl.pp.make_schedule(name, stage.n_ranks, m)
         if [str(a) for a in schedule.actions[stage.index]] == list(actions):
             break
     return dl.pp.run_schedule(schedule, stage, x, y, loss_fn=loss_fn).losses
