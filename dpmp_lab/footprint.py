@@ -229,17 +229,13 @@ class Reads(TorchDispatchMode):
 
 
 class Made(TorchDispatchMode):
-    """The storages the tensor operations in its window make, and with `written` those they
-    fill (a module-level workspace made before), followed by weak reference: `alive()` is the
-    bytes still allocated, whoever keeps them; cheap enough to ask at every step of a loop.
-    With `scalars=False` a 0-d result is not followed: a loss kept per micro-batch for the log
-    does not grow with the model (though its storage may be larger than its 8 bytes: on CPU
-    F.mse_loss's is 256)."""
+    """The storages the tensor operations in its window make (0-d results too, unless
+    `scalars=False`), and with `written` those they fill (a workspace made before), followed by
+    weak reference: `alive()`, the bytes still allocated, whoever keeps them; cheap to ask."""
 
     def __init__(self, written: bool = False, scalars: bool = True) -> None:
         super().__init__()
-        self.written = written
-        self.scalars = scalars
+        self.written, self.scalars = written, scalars
         self._refs: dict[int, tuple[int, StorageWeakRef]] = {}
 
     def _follow(self, t: Any) -> None:
@@ -254,9 +250,8 @@ class Made(TorchDispatchMode):
         out, kwargs = func(*args, **(kwargs or {})), kwargs or {}
         given = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs))
                  if isinstance(t, torch.Tensor) and t.layout == torch.strided}
-        fresh = [t for t in tree_leaves(out)
-                 if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in given
-                 and (self.scalars or t.dim() > 0)]
+        fresh = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)
+                 and t.untyped_storage().data_ptr() not in given and (self.scalars or t.dim())]
         if self.written:
             # what an operator writes is in its `_schema` (no public name; torch's modes read it),
             # but c10d's declare nothing: their first argument is what they fill
