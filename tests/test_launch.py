@@ -817,6 +817,12 @@ def test_unpicklable_argument_is_named():
         dl.launch(all_reduce_rank_sum, world_size=2, guard=threading.Lock())
 
 
+def test_an_unpicklable_argument_is_named_in_the_learners_language(monkeypatch):
+    monkeypatch.setenv("DPMP_LAB_LANG", "ja")
+    with pytest.raises(ValueError, match=r"位置引数1（lock）をランクへ送れません"):
+        dl.launch(all_reduce_rank_sum, 1.0, threading.Lock(), world_size=2)
+
+
 def test_process_group_already_initialised_in_caller():
     store = dist.HashStore()
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)

@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 from dpmp_lab._helpers import positive_seconds, short_repr, whole_number
 from dpmp_lab.context import nccl_backend
+from dpmp_lab.i18n.messages import _
 from dpmp_lab.launcher import serialize
 from dpmp_lab.launcher.cores import usable_cores
 from dpmp_lab.launcher.failures import (
@@ -216,7 +217,8 @@ def launch(
     except KeyboardInterrupt:
         outcome = "interrupted"
         # raised afresh, so the learner reads one line instead of the event loop's stack
-        raise KeyboardInterrupt(f"interrupted: all {world_size} ranks were stopped") from None
+        raise KeyboardInterrupt(_("interrupted: all {n} ranks were stopped").format(
+            n=world_size)) from None
     finally:
         _log_launch(request, outcome)
 
@@ -299,12 +301,12 @@ def _check_request(fn, world_size, backend, timeout, start_method, env, threads,
     if sys.platform == "win32":
         raise RuntimeError("dl.launch runs on Linux and macOS; on Windows use WSL2.")
     if start_method != "fork" and _main_without_a_file():
-        raise RuntimeError(
-            f"this script was read from {_main_without_a_file()}, and every rank started with "
-            f"start_method={start_method!r} imports the main script again from its file to "
+        raise RuntimeError(_(
+            "this script was read from {source}, and every rank started with "
+            "start_method={method!r} imports the main script again from its file to "
             "find the function it runs: there is none. Save it and run `python script.py` "
             "(with the launch under `if __name__ == \"__main__\":`), or pass "
-            "start_method=\"fork\".")
+            "start_method=\"fork\".").format(source=_main_without_a_file(), method=start_method))
     positive_seconds("timeout", timeout)
     positive_seconds("pg_timeout", pg_timeout)
     if threads is not None:
@@ -321,11 +323,10 @@ def _check_request(fn, world_size, backend, timeout, start_method, env, threads,
     if not dist.is_available():
         raise RuntimeError("this torch build has no torch.distributed support")
     if dist.is_initialized():
-        raise RuntimeError(
+        raise RuntimeError(_(
             "a default process group is already initialised in this process (a cell called "
             "dist.init_process_group?). launch() starts its own ranks, each with its own group: "
-            "call dist.destroy_process_group() here first."
-        )
+            "call dist.destroy_process_group() here first."))
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if device_audit is None:
@@ -356,10 +357,10 @@ def _resolve_backend(backend: str, world_size: int) -> str:
     if not dist.is_nccl_available():
         raise ValueError("backend='nccl' was asked for, but this torch build has no NCCL")
     if not enough:
-        raise ValueError(
-            f"backend='nccl' needs one GPU per rank: world_size={world_size}, but {gpus} "
-            "GPU(s) are visible. Use backend='gloo' (or 'auto') to run on the CPU."
-        )
+        raise ValueError(_(
+            "backend='nccl' needs one GPU per rank: world_size={world_size}, but {gpus} "
+            "GPU(s) are visible. Use backend='gloo' (or 'auto') to run on the CPU.").format(
+                world_size=world_size, gpus=gpus))
     return "nccl"
 
 
@@ -368,16 +369,20 @@ def _pickle_payload(fn, args, kwargs) -> bytes:
     try:
         return serialize.dumps((fn, args, kwargs))
     except Exception as exc:
-        parts = [("the function", fn)]
-        parts += [(f"positional argument {i} ({type(a).__name__})", a) for i, a in enumerate(args)]
-        parts += [(f"keyword argument {k!r} ({type(v).__name__})", v) for k, v in kwargs.items()]
+        parts = [(_("the function"), fn)]
+        parts += [(_("positional argument {i} ({kind})").format(i=i, kind=type(a).__name__), a)
+                  for i, a in enumerate(args)]
+        parts += [(_("keyword argument {name!r} ({kind})").format(name=k, kind=type(v).__name__),
+                   v) for k, v in kwargs.items()]
         for what, obj in parts:
             try:
                 serialize.dumps(obj)
             except Exception as part_exc:
-                raise ValueError(
-                    f"{what} cannot be sent to the ranks: {type(part_exc).__name__}: {part_exc}. "
-                    "Every rank is a separate process, so fn and its arguments are pickled; "
-                    "create objects such as locks, open files or process groups inside fn."
+                raise ValueError(_(
+                    "{what} cannot be sent to the ranks: {error}. Every rank is a separate "
+                    "process, so fn and its arguments are pickled; create objects such as "
+                    "locks, open files or process groups inside fn.").format(
+                        what=what, error=f"{type(part_exc).__name__}: {part_exc}")
                 ) from part_exc
-        raise ValueError(f"the launch cannot be pickled: {type(exc).__name__}: {exc}") from exc
+        raise ValueError(_("the launch cannot be pickled: {error}").format(
+            error=f"{type(exc).__name__}: {exc}")) from exc
