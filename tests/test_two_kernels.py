@@ -46,7 +46,7 @@ def test_a_learners_function_that_never_returns_costs_only_the_cell_that_called_
     nb = _graded()
     errors = [o for o in nb.cells[1].outputs if o.output_type == "error"]
     # "your code had not returned after N s, ..." in the notebook's language
-    assert errors and "秒" in errors[0].evalue and "戻らず" in errors[0].evalue, errors
+    assert errors and "秒" in errors[0].evalue and "停止しました" in errors[0].evalue, errors
     assert "TimeoutError" not in errors[0].evalue
     printed = "".join(o.get("text", "") for o in nb.cells[2].outputs)
     assert "after: 3" in printed, nb.cells[2].outputs

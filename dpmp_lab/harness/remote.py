@@ -155,10 +155,10 @@ class Link:
         data = b"".join(chunks)
         return FRAME.unpack(data)[0] if unpack else data
 
-    def ask(self, request: dict, what: str = "your kernel") -> Any:
+    def ask(self, request: dict, what: str | None = None) -> Any:
         """Send one request; replay what the learner's kernel printed meanwhile; the value it
         answered, decoded (what it raised is raised here)."""
-        return self._reply(request, what).get("value")
+        return self._reply(request, what or _("your kernel")).get("value")
 
     def call(self, fn: Any, args: tuple, kwargs: dict) -> Any:
         """fn(*args, **kwargs) in the learner's kernel; the tensors among the arguments that it
@@ -209,7 +209,7 @@ def _said(header: dict) -> str:
 
 
 def _name(fn: Any) -> str:
-    return repr(fn) if type(fn) is Remote else getattr(fn, "__qualname__", "the function")
+    return repr(fn) if type(fn) is Remote else getattr(fn, "__qualname__", _("the function"))
 
 
 def _write_back(mine: list[torch.Tensor], changed: Any) -> None:
