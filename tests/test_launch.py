@@ -726,21 +726,32 @@ def test_python_hang_shows_where_each_rank_is():
     assert all("in spin" in f.traceback for f in info.value.failures.values())
 
 
-def test_keyboard_interrupt_stops_every_rank():
-    def spin():
+def test_keyboard_interrupt_stops_every_rank(tmp_path):
+    def spin(running):
+        import pathlib
+
+        import torch.distributed as dist
+
+        pathlib.Path(running, str(dist.get_rank())).touch()
         while True:
             time.sleep(0.05)
+
+    def interrupt_once_every_rank_runs():
+        # an event, not a clock: a timer fired before the ranks ran under load (issue 42)
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.iterdir())) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGINT)
 
     # conftest.sigint_put_back gives every test Python's handler (pytest started as a
     # background job inherits SIGINT ignored, and the SIGINT below would then do nothing)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, (
         f"SIGINT is handled by {signal.getsignal(signal.SIGINT)!r}, not Python's handler")
-    timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT))
-    timer.start()
+    threading.Thread(target=interrupt_once_every_rank_runs, daemon=True).start()
     t0 = time.monotonic()
     with pytest.raises(KeyboardInterrupt, match="interrupted: all 3 ranks were stopped"):
-        dl.launch(spin, world_size=3, timeout=60, stream=False)
-    assert time.monotonic() - t0 < 10
+        dl.launch(spin, str(tmp_path), world_size=3, timeout=60, stream=False)
+    assert time.monotonic() - t0 < 60
     assert stray_processes() == []
     assert dl.launch(all_reduce_rank_sum, world_size=2, stream=False).values == [3.0, 3.0]
 
