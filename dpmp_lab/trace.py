@@ -498,12 +498,10 @@ _DEFAULTS: dict[str, dict[str, Any]] = {}
 
 def _followed(name: str, schema_args: list[str], args: tuple,
               kwargs: dict) -> list[tuple[Any, int]]:
-    """(weak reference, version) of an asynchronous call's payload tensors that are not views."""
-    payload_arg = _C10D_OPS[name][1]
-    if not payload_arg:
-        return []
+    """(weak reference, version) of an asynchronous call's tensors that are not views: what it
+    sends and what it fills (a reduce-scatter's or an all-gather's output buffer as well)."""
     try:
-        tensors = tensors_in(_call_arg(name, schema_args, args, kwargs, payload_arg))
+        tensors = tensors_in(list(args) + list(kwargs.values()))
         return [(weakref.ref(t), t._version) for t in tensors if t._base is None]
     except Exception:  # never break the user's collective because of the tracer
         return []

@@ -222,7 +222,8 @@ def test_unwaited_counts_async_calls_no_wait_followed(warm):
 
 def written_while_on_the_wire():
     """Four async all-reduces: one divided before its wait, one after, one handed over as a view
-    of a buffer written elsewhere, one whose irecv buffer was filled by hand before the wait."""
+    of a buffer written elsewhere, one whose irecv buffer was filled by hand before the wait;
+    and a reduce-scatter whose output was divided before its wait (not what it sends)."""
     x, y = (torch.ones(4, device=dl.device()) for _ in range(2))
     buffer = torch.zeros(8, device=dl.device())
     with dl.trace() as t:
@@ -240,12 +241,18 @@ def written_while_on_the_wire():
         if dist.get_rank() == 1:
             y.fill_(7)                            # the receive's buffer, before its wait
         handle.wait()
+        out = torch.empty(2, device=dl.device())
+        handle = dist.reduce_scatter_tensor(out, torch.ones(4, device=dl.device()),
+                                            async_op=True)
+        out /= 2                                  # the output, divided before it is filled
+        handle.wait()
     return [(e.op, e.async_op) for e in t.written_in_flight()]
 
 
 def test_a_tensor_changed_in_place_before_its_wait_is_noted_and_nothing_else(warm):
     values = dl.launch(written_while_on_the_wire, world_size=2, stream=False).values
-    assert values == [[("all_reduce", True)], [("all_reduce", True), ("recv", True)]]
+    assert values == [[("all_reduce", True), ("reduce_scatter", True)],
+                      [("all_reduce", True), ("recv", True), ("reduce_scatter", True)]]
 
 
 class _Identity(torch.autograd.Function):

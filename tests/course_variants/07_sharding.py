@@ -304,6 +304,15 @@ FP16_ONE_RESULT_BUFFER = _edit("reduce_scatter_fp16", (
     "        _RESULTS[out.numel()] = torch.empty(out.numel(), device=out.device)\n"
     "    return _RESULTS[out.numel()].copy_(out)\n"))
 
+ZERO2_DIVIDED_ON_THE_WIRE = _edit("zero2_hooks", (
+    "            dist.reduce_scatter_single(mine, padded, op=dist.ReduceOp.SUM)\n"
+    "            shards[name] = mine / world\n",
+    "            work = dist.reduce_scatter_single(mine, padded, op=dist.ReduceOp.SUM,\n"
+    "                                              async_op=True)\n"
+    "            mine /= world                     # while the sum is still on its way\n"
+    "            work.wait()\n"
+    "            shards[name] = mine\n"))
+
 CKPT_GRADS_SET_BY_HAND = {"checkpoint": '''class CheckpointFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, block, x):
@@ -776,6 +785,9 @@ VARIANTS = [
     _seen({"name": "fp16: one result buffer per size, which the next call overwrites",
            "replace": FP16_ONE_RESULT_BUFFER, "loses": _FP16,
            "visible_says": ["sharding.fp16_shared_buffer"]}),
+    _seen({"name": "ZeRO-2: the chunk divided while its reduce-scatter is on the wire",
+           "replace": ZERO2_DIVIDED_ON_THE_WIRE, "loses": _Z2,
+           "visible_says": ["check.written_in_flight"]}),
     _seen({"name": "checkpoint: the parameters' .grad set by hand (their hooks never run)",
            "replace": CKPT_GRADS_SET_BY_HAND, "loses": _CKPT,
            "visible_says": ["sharding.checkpoint_hooks"]}),
