@@ -181,8 +181,9 @@ class ScaleHint:
 SCALE_HINTS: list[ScaleHint] = [
     # |factor| below 1e-9: an unfilled buffer's leftovers (-9e-309x, say), not a scale
     ScaleHint(lambda s: abs(s.factor) < 1e-9,
-              N_("every element is zero: the value was never filled in, or was zeroed after it "
-                 "was computed (zero_grad in the wrong place?)"), key="scale.zero"),
+              N_("every element is zero: the value was never filled in, was read before the "
+                 "collective filling it had finished (before its handle's wait()), or was zeroed "
+                 "after it was computed (zero_grad in the wrong place?)"), key="scale.zero"),
     ScaleHint(lambda s: s.whole is not None and s.world is not None and s.whole != s.world
               and s.factor < 1,
               N_("every element is 1/{n} of the reference: divided by {n} once too often (not "

@@ -313,6 +313,13 @@ ZERO2_DIVIDED_ON_THE_WIRE = _edit("zero2_hooks", (
     "            work.wait()\n"
     "            shards[name] = mine\n"))
 
+FSDP_WEIGHT_READ_BEFORE_ITS_WAIT = _edit("sharded_linear", (
+    "        dist.all_gather_single(full, shard.detach())\n        w, b = split_weight_bias",
+    "        work = dist.all_gather_single(full, shard.detach(), async_op=True)\n"
+    "        w, b = split_weight_bias"), (
+    "        return F.linear(x, w, b)\n",
+    "        out = F.linear(x, w, b)\n        work.wait()\n        return out\n"))
+
 CKPT_GRADS_SET_BY_HAND = {"checkpoint": '''class CheckpointFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, block, x):
@@ -788,6 +795,9 @@ VARIANTS = [
     _seen({"name": "ZeRO-2: the chunk divided while its reduce-scatter is on the wire",
            "replace": ZERO2_DIVIDED_ON_THE_WIRE, "loses": _Z2,
            "visible_says": ["check.written_in_flight"]}),
+    _seen({"name": "FSDP: forward computes with the gathered weight before the gather's wait",
+           "replace": FSDP_WEIGHT_READ_BEFORE_ITS_WAIT, "loses": _UNIT,
+           "visible_says": ["value.unfilled"]}),
     _seen({"name": "checkpoint: the parameters' .grad set by hand (their hooks never run)",
            "replace": CKPT_GRADS_SET_BY_HAND, "loses": _CKPT,
            "visible_says": ["sharding.checkpoint_hooks"]}),
