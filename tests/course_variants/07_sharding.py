@@ -320,6 +320,28 @@ FSDP_WEIGHT_READ_BEFORE_ITS_WAIT = _edit("sharded_linear", (
     "        return F.linear(x, w, b)\n",
     "        out = F.linear(x, w, b)\n        work.wait()\n        return out\n"))
 
+CKPT_RECOMPUTED_KEPT_AFTER_BACKWARD = {"checkpoint": '''class CheckpointFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, block, x):
+        ctx.block = block
+        ctx.rng = torch.get_rng_state()
+        ctx.save_for_backward(x)
+        with torch.no_grad():
+            return block(x)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        x, = ctx.saved_tensors
+        with torch.random.fork_rng(devices=[]):
+            torch.set_rng_state(ctx.rng)
+            xd = x.detach().requires_grad_(True)
+            with torch.enable_grad():
+                y = ctx.block(xd)
+        torch.autograd.backward(y, grad_y, retain_graph=True)
+        ctx.block.last_recompute = y          # "for debugging"
+        return None, xd.grad
+'''}
+
 CKPT_GRADS_SET_BY_HAND = {"checkpoint": '''class CheckpointFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, block, x):
@@ -798,6 +820,9 @@ VARIANTS = [
     _seen({"name": "FSDP: forward computes with the gathered weight before the gather's wait",
            "replace": FSDP_WEIGHT_READ_BEFORE_ITS_WAIT, "loses": _UNIT,
            "visible_says": ["value.unfilled"]}),
+    _seen({"name": "checkpoint: the recomputed output kept on the block, its graph retained",
+           "replace": CKPT_RECOMPUTED_KEPT_AFTER_BACKWARD, "loses": _CKPT,
+           "visible_says": ["sharding.checkpoint_after_backward"]}),
     _seen({"name": "checkpoint: the parameters' .grad set by hand (their hooks never run)",
            "replace": CKPT_GRADS_SET_BY_HAND, "loses": _CKPT,
            "visible_says": ["sharding.checkpoint_hooks"]}),
