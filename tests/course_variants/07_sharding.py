@@ -320,7 +320,8 @@ FSDP_WEIGHT_READ_BEFORE_ITS_WAIT = _edit("sharded_linear", (
     "        return F.linear(x, w, b)\n",
     "        out = F.linear(x, w, b)\n        work.wait()\n        return out\n"))
 
-CKPT_RECOMPUTED_KEPT_AFTER_BACKWARD = {"checkpoint": '''class CheckpointFunction(torch.autograd.Function):
+# the seventh pass's two checkpoints share the learner's forward and the backward's RNG replay
+_LEARNER_CKPT_HEAD = '''class CheckpointFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, block, x):
         ctx.block = block
@@ -334,7 +335,9 @@ CKPT_RECOMPUTED_KEPT_AFTER_BACKWARD = {"checkpoint": '''class CheckpointFunction
         x, = ctx.saved_tensors
         with torch.random.fork_rng(devices=[]):
             torch.set_rng_state(ctx.rng)
-            xd = x.detach().requires_grad_(True)
+'''
+
+CKPT_RECOMPUTED_KEPT_AFTER_BACKWARD = {"checkpoint": _LEARNER_CKPT_HEAD + '''            xd = x.detach().requires_grad_(True)
             with torch.enable_grad():
                 y = ctx.block(xd)
         torch.autograd.backward(y, grad_y, retain_graph=True)
@@ -342,21 +345,7 @@ CKPT_RECOMPUTED_KEPT_AFTER_BACKWARD = {"checkpoint": '''class CheckpointFunction
         return None, xd.grad
 '''}
 
-CKPT_GRADS_SET_BY_HAND = {"checkpoint": '''class CheckpointFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, block, x):
-        ctx.block = block
-        ctx.rng = torch.get_rng_state()
-        ctx.save_for_backward(x)
-        with torch.no_grad():
-            return block(x)
-
-    @staticmethod
-    def backward(ctx, grad_y):
-        x, = ctx.saved_tensors
-        with torch.random.fork_rng(devices=[]):
-            torch.set_rng_state(ctx.rng)
-            with torch.enable_grad():
+CKPT_GRADS_SET_BY_HAND = {"checkpoint": _LEARNER_CKPT_HEAD + '''            with torch.enable_grad():
                 y = ctx.block(x)
         grads = torch.autograd.grad(y, [x, *ctx.block.parameters()], grad_y)
         for p, g in zip(ctx.block.parameters(), grads[1:]):
