@@ -36,7 +36,7 @@ from dpmp_lab.dp import DataParallel
 from dpmp_lab.grid import ProcessGrid
 from dpmp_lab.models import GPTConfig, TinyGPT
 from dpmp_lab.pp import Stage, run_schedule, split_pieces
-from dpmp_lab.tp import parallelize_gpt, sharding, tp_lm_loss
+from dpmp_lab.tp import parallelize_gpt, sharding, vocab_parallel_cross_entropy
 
 __all__ = ["SMALL", "main", "train", "train_single_process"]
 
@@ -83,7 +83,7 @@ def _train(dp: int, tp: int, pp: int, config: GPTConfig, steps: int, batch_size:
     micro = batch_size // dp // micro_batches
     stage = Stage(stage_module, grid.pp_group,
                   activation_shape=(micro, config.seq_len, config.d_model))
-    loss_fn = functools.partial(tp_lm_loss, group=grid.tp_group) if tp > 1 \
+    loss_fn = functools.partial(vocab_parallel_cross_entropy, group=grid.tp_group) if tp > 1 \
         else models.lm_loss
 
     losses = []

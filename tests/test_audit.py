@@ -310,7 +310,7 @@ def references_on_the_device():
     tp.parallelize_gpt(gpt, grid.tp_group)
     gpt.to(dev)
     idx, targets = models.token_batch(4, hybrid.SMALL.seq_len, hybrid.SMALL.vocab_size, seed=2)
-    tp.tp_lm_loss(gpt(idx.to(dev)), targets.to(dev), group=grid.tp_group).backward()
+    tp.vocab_parallel_cross_entropy(gpt(idx.to(dev)), targets.to(dev), group=grid.tp_group).backward()
 
     stage_module = pp.split_pieces(models.TinyGPT(hybrid.SMALL, seed=0).pieces(), world)[rank]
     stage = pp.Stage(stage_module.to(dev),

@@ -352,7 +352,7 @@ def gpt_checks():
         loss_d.backward()
         with dl.trace() as t:
             logits = par(idx)
-            loss = tp.tp_lm_loss(logits, targets, g)
+            loss = tp.vocab_parallel_cross_entropy(logits, targets, g)
             loss.backward()
         errs[f"step {step} loss"] = _err(loss, loss_d)
         if step == 0:
@@ -373,8 +373,11 @@ def gpt_checks():
     # a deep copy has its own parameters and shares the tp group: it computes the same loss
     twin = copy.deepcopy(par)
     idx, targets = models.token_batch(4, GPT.seq_len, GPT.vocab_size, seed=8)
-    errs["deepcopy loss"] = _err(tp.tp_lm_loss(twin(idx), targets, g),
-                                 tp.tp_lm_loss(par(idx), targets, g))
+    errs["deepcopy loss"] = _err(tp.vocab_parallel_cross_entropy(twin(idx), targets, g),
+                                 tp.vocab_parallel_cross_entropy(par(idx), targets, g))
+    with pytest.warns(FutureWarning, match="vocab_parallel_cross_entropy"):   # the older name
+        errs["tp_lm_loss, deprecated"] = _err(tp.tp_lm_loss(par(idx), targets, g),
+                                              tp.vocab_parallel_cross_entropy(par(idx), targets, g))
     errs["deepcopy shares no parameter"] = float(any(
         a.data_ptr() == b.data_ptr() for a, b in zip(twin.parameters(), par.parameters(),
                                                      strict=True)))
@@ -398,11 +401,13 @@ def test_parallelized_tiny_gpt_matches_dense_and_keeps_matching_under_adamw(warm
     n_params = len(list(models.TinyGPT(GPT).parameters()))
     layers = GPT.n_layers
     for rank, (errs, comm, half_comm, shape, _, dims) in enumerate(res.values):
-        assert len(errs) == STEPS + 3 + 3 * n_params   # losses, grads, params, copy, no-vocab
+        # losses, grads, params, copy, the older name, no-vocab
+        assert len(errs) == STEPS + 4 + 3 * n_params
         bad = {k: v for k, v in errs.items() if not v <= TOL}
         assert not bad, f"world {world}, rank {rank}: {bad}"
         assert shape == (4, GPT.seq_len, GPT.vocab_size // world)   # vocab-sharded logits
-        # embedding g + (attention, MLP) per block + tp_lm_loss; backward: f per block + head's f
+        # embedding g + (attention, MLP) per block + the vocab-parallel loss;
+        # backward: f per block + head's f
         act = 4 * GPT.seq_len * GPT.d_model * F64
         per_token = 4 * GPT.seq_len * F64
         assert comm == {("all_reduce", "tp", "forward"): (2 * layers + 1 + 3,

@@ -3,7 +3,7 @@
     group = dl.ProcessGrid(tp=4).tp_group                  # inside a rank
     mlp = tp.ParallelMLP.from_dense(dense_mlp, group)      # this rank's quarter of the weights
     model = tp.parallelize_gpt(dl.models.TinyGPT(), group)
-    loss = tp.tp_lm_loss(model(idx), targets, group)
+    loss = tp.vocab_parallel_cross_entropy(model(idx), targets, group)
 
 The idea. A linear layer y = x A^T can be split two ways. Split A by rows (output features,
 "column parallel" in the paper's X A notation): every rank needs all of x and computes a slice

@@ -1,13 +1,15 @@
 """TinyGPT made tensor parallel: Megatron's MLP and attention blocks, and parallelize_gpt.
 
     model = tp.parallelize_gpt(dl.models.TinyGPT(), group)   # in place, this rank's shards
-    loss = tp.tp_lm_loss(model(idx), targets, group)          # over the vocab-sharded logits
+    loss = tp.vocab_parallel_cross_entropy(model(idx), targets, group)   # vocab-sharded logits
 
 Each block pairs a column-parallel layer with a row-parallel one, so a block communicates
 once in forward and once in backward.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -67,7 +69,9 @@ class ParallelSelfAttention(HoldsGroup):
     so a rank's rows are its heads), attention runs on the local heads with no communication,
     and the output projection is row-parallel.
     Forward: 1 all_reduce (o's g). Backward: 1 all_reduce: q, k and v read the same input, so
-    one f covers all three (Megatron fuses them into one qkv matmul for the same reason).
+    one f covers all three (Megatron fuses them into one qkv matmul for the same reason). That
+    shared f is why this block has a forward of its own: the dense block's, with its layers
+    swapped for column-parallel ones, would all-reduce three input gradients.
     """
 
     def __init__(self, d_model: int, n_heads: int, group: dist.ProcessGroup, *,
@@ -83,9 +87,8 @@ class ParallelSelfAttention(HoldsGroup):
         self.n_heads, self.head_dim = n_heads, d_model // n_heads
         self.local_heads = n_heads // tp
         factory = {"device": device, "dtype": dtype}
-        self.q = ColumnParallelLinear(d_model, d_model, group, **factory)
-        self.k = ColumnParallelLinear(d_model, d_model, group, **factory)
-        self.v = ColumnParallelLinear(d_model, d_model, group, **factory)
+        self.q, self.k, self.v = (ColumnParallelLinear(d_model, d_model, group, copy_input=False,
+                                                       **factory) for _ in "qkv")
         self.o = RowParallelLinear(d_model, d_model, group, **factory)
 
     @classmethod
@@ -101,9 +104,8 @@ class ParallelSelfAttention(HoldsGroup):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         check_features(tensor_arg(x, "x"), self.q.in_features, "ParallelSelfAttention")
-        x = copy_to_tp_region(x, self.group)
-        q, k, v = (F.linear(x, lin.weight, lin.bias) for lin in (self.q, self.k, self.v))
-        return self.o(models.attend(q, k, v, self.head_dim))
+        x = copy_to_tp_region(x, self.group)                    # the one f of q, k and v
+        return self.o(models.attend(self.q(x), self.k(x), self.v(x), self.head_dim))
 
 
 # -- a whole model ---------------------------------------------------------------------------------
@@ -113,25 +115,27 @@ def parallelize_gpt(model: models.TinyGPT, group: dist.ProcessGroup,
                     vocab_parallel: bool = True) -> nn.Module:
     """Make `model` tensor parallel over `group`, in place, keeping this rank's shards.
 
-    Every block's attention and MLP become ParallelSelfAttention / ParallelMLP. With
-    vocab_parallel, the token embedding becomes a VocabParallelEmbedding and the head's
-    projection a ColumnParallelLinear without gather, so the model returns (B, T, V/tp) logit
-    shards: use tp_lm_loss. Without it, embedding and head stay replicated and the model
-    returns full logits (models.lm_loss). Layer norms and the position embedding stay
-    replicated. Communication per step, vocab_parallel: forward 2 * n_layers + 1 all_reduce
-    (+ 3 in tp_lm_loss), backward 2 * n_layers + 1.
+    Each block's MLP keeps its own forward, its fc1 and fc2 swapped for their column- and
+    row-parallel shards; its attention becomes a ParallelSelfAttention, whose q, k and v share
+    one f. With vocab_parallel, the token embedding becomes a VocabParallelEmbedding and the
+    head's projection a ColumnParallelLinear without gather, so the model returns (B, T, V/tp)
+    logit shards: use vocab_parallel_cross_entropy. Without it, embedding and head stay
+    replicated and the model returns full logits (models.lm_loss). Layer norms and the position
+    embedding stay replicated. Communication per step, vocab_parallel: forward 2 * n_layers + 1
+    all_reduce (+ 3 in the loss), backward 2 * n_layers + 1.
     """
     if not isinstance(model, models.TinyGPT):
         raise TypeError(f"parallelize_gpt needs a dpmp_lab.models.TinyGPT, not "
                         f"{type(model).__name__}")
     # build every replacement before swapping any, so bad sizes leave the model untouched
     blocks = [(ParallelSelfAttention.from_dense(b.attn, group),
-               ParallelMLP.from_dense(b.mlp, group)) for b in model.blocks]
+               ColumnParallelLinear.from_dense(b.mlp.fc1, group),
+               RowParallelLinear.from_dense(b.mlp.fc2, group)) for b in model.blocks]
     if vocab_parallel:
         tok = VocabParallelEmbedding.from_dense(model.embed.tok, group)
         proj = ColumnParallelLinear.from_dense(model.head.proj, group, gather_output=False)
-    for block, (attn, mlp) in zip(model.blocks, blocks, strict=True):
-        block.attn, block.mlp = attn, mlp
+    for block, (attn, fc1, fc2) in zip(model.blocks, blocks, strict=True):
+        block.attn, block.mlp.fc1, block.mlp.fc2 = attn, fc1, fc2
     if vocab_parallel:
         model.embed.tok, model.head.proj = tok, proj
     return model
@@ -150,11 +154,14 @@ def sharding(model: nn.Module) -> dict[str, int | None]:
     return dims
 
 
-# -- its loss --------------------------------------------------------------------------------------
+# -- an older name ---------------------------------------------------------------------------------
 
 
 def tp_lm_loss(logits_shard: torch.Tensor, targets: torch.Tensor,
                group: dist.ProcessGroup) -> torch.Tensor:
-    """models.lm_loss for the vocab-sharded logits of a parallelize_gpt model: mean next-token
-    cross entropy over every position (3 all_reduce forward, nothing backward)."""
+    """Deprecated: vocab_parallel_cross_entropy under the name it had before, kept so that a
+    notebook written with it still runs, and says which name to use."""
+    warnings.warn("dl.tp.tp_lm_loss is dl.tp.vocab_parallel_cross_entropy under an older name "
+                  "and will be removed: call vocab_parallel_cross_entropy(logits_shard, targets, "
+                  "group)", FutureWarning, stacklevel=2)
     return vocab_parallel_cross_entropy(logits_shard, targets, group)

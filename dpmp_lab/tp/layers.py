@@ -107,18 +107,20 @@ class ColumnParallelLinear(_ParallelLinear):
     Forward:  copy_to_tp_region (nothing), local matmul; with gather_output, 1 all_gather.
     Backward: 1 all_reduce of the input gradient (copy_to); gather's backward sends nothing.
     Without gather_output the output stays sliced: the input a RowParallelLinear expects.
+    With copy_input=False the caller has put x through copy_to_tp_region already, as attention
+    does once for q, k and v: their input gradients add up before that one f all-reduces them.
     """
 
     split_dims = {"weight": 0, "bias": 0}
 
     def __init__(self, in_features: int, out_features: int, group: dist.ProcessGroup,
-                 bias: bool = True, gather_output: bool = False, *,
+                 bias: bool = True, gather_output: bool = False, *, copy_input: bool = True,
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None):
         super().__init__()
         self.group = check_group(group)
         local_out = check_divisible(out_features, tp_size(group), "out_features")
         self.in_features, self.out_features = in_features, out_features
-        self.gather_output = gather_output
+        self.gather_output, self.copy_input = gather_output, copy_input
         self.weight = nn.Parameter(torch.empty(local_out, in_features, device=device,
                                                dtype=dtype))
         self.bias = nn.Parameter(torch.empty(local_out, device=device, dtype=dtype)) \
@@ -127,24 +129,28 @@ class ColumnParallelLinear(_ParallelLinear):
             self.reset_parameters()
 
     @classmethod
-    def from_dense(cls, dense: nn.Linear, group: dist.ProcessGroup,
-                   gather_output: bool = False) -> ColumnParallelLinear:
+    def from_dense(cls, dense: nn.Linear, group: dist.ProcessGroup, gather_output: bool = False,
+                   *, copy_input: bool = True) -> ColumnParallelLinear:
         """This rank's rows of `dense` (an nn.Linear), as a ColumnParallelLinear."""
         check_type(dense, nn.Linear, cls)
         layer = cls(dense.in_features, dense.out_features, group, dense.bias is not None,
-                    gather_output, device="meta", dtype=dense.weight.dtype)
+                    gather_output, copy_input=copy_input, device="meta",
+                    dtype=dense.weight.dtype)
         layer._materialise(dense)
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         check_features(tensor_arg(x, "x"), self.in_features, "ColumnParallelLinear")
-        y = F.linear(copy_to_tp_region(x, self.group), self.weight, self.bias)
+        if self.copy_input:
+            x = copy_to_tp_region(x, self.group)
+        y = F.linear(x, self.weight, self.bias)
         return gather_from_tp_region(y, self.group) if self.gather_output else y
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features} (this rank: "
                 f"{self.weight.shape[0]}), bias={self.bias is not None}, "
-                f"gather_output={self.gather_output}")
+                f"gather_output={self.gather_output}"
+                + ("" if self.copy_input else ", copy_input=False"))
 
 
 class RowParallelLinear(_ParallelLinear):

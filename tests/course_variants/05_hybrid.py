@@ -241,7 +241,7 @@ TRAIN_SHARDS_BY_TP_PLACE = _edit(
 TRAIN_WITHOUT_DATA_SPLIT = _edit("train", (_SHARD[0], "idx = idx.to(dev)"),
                                  (_SHARD[1], "targets = targets.to(dev)"))
 TRAIN_DENSE_LOSS_ON_SHARDS = _edit(
-    "train", ("dl.tp.tp_lm_loss(model(idx), targets, tp_group)",
+    "train", ("dl.tp.vocab_parallel_cross_entropy(model(idx), targets, tp_group)",
               "dl.models.lm_loss(model(idx), targets)"))
 # the gradient average on the tp group, as the tensor-parallel layers use it
 SYNC_ON_TP_GROUP = _edit("train", ("sync_gradients(model, dp_group)",
