@@ -575,6 +575,39 @@ def test_no_test_module_imports_another():
     assert not found, "\n".join(found)
 
 
+# The tests of the references a learner reads, and the helper they compare with
+REFERENCE_TESTS = ("test_bench", "test_collectives", "test_cost", "test_cp", "test_dp",
+                   "test_footprint", "test_fsdp", "test_grid", "test_hybrid", "test_models",
+                   "test_moe", "test_pp", "test_pp_schedules", "test_tp", "test_trace",
+                   "plain_checks")
+
+
+def grader_uses(source: str) -> list[int]:
+    """The lines where `source` reaches the grader: dl.check.<...> or an import of
+    dpmp_lab.check (or of check from dpmp_lab)."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and ast.unparse(node) == "dl.check":
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names = ([f"{node.module}.{a.name}" for a in node.names]
+                     if isinstance(node, ast.ImportFrom) else [a.name for a in node.names])
+            lines += [node.lineno for n in names if n.startswith("dpmp_lab.check")]
+    return sorted(lines)
+
+
+def test_the_references_are_tested_without_the_grader():
+    """dl.check is held to the references (test_check, the notebooks' round trips); a
+    reference tested through it could hide a bug of its own behind one of the grader's, so the
+    references' tests compare with torch and single-process runs through plain_checks.py."""
+    tests_dir = PACKAGE_DIR.parent / "tests"
+    found = {name: grader_uses((tests_dir / f"{name}.py").read_text()) for name in REFERENCE_TESTS}
+    assert not {n: lines for n, lines in found.items() if lines}
+    assert grader_uses("import dpmp_lab as dl\nx = dl.check.params(m)\n") == [2]
+    assert grader_uses("from dpmp_lab.check import numbers\n") == [1]
+    assert grader_uses("from dpmp_lab import check\n") == [1]
+
+
 def test_the_files_of_one_session_fixture_share_a_worker():
     """The test command's workers run a file whole (--dist=loadfile); the tests that use the
     graded class (a session fixture of minutes) must be collected from one file, or it is

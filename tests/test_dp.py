@@ -1,5 +1,6 @@
 """dp.py: DataParallel and ShardedOptimizer against torch DDP, against single-process training,
-and by their exact communication, on every rank."""
+and by their exact communication, on every rank (read with tests/plain_checks.py, not with
+the grader's dl.check)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,14 @@ import dpmp_lab as dl
 from dpmp_lab.dp import DataParallel, ShardedOptimizer
 from dpmp_lab.fsdp import FullyShardedDataParallel
 from dpmp_lab.models import TinyMLP, regression_batch, shard_batch
+from tests.plain_checks import (
+    against_single_process,
+    assert_calls,
+    assert_close_on_every_rank,
+    assert_same_on_every_rank,
+    grads,
+    params,
+)
 from tests.sharding_models import Stack, my_rows, seeded
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
@@ -57,18 +66,19 @@ def ours_and_ddp(steps: int) -> dict:
         sgd_steps(ours, data, steps, ours.finish_gradient_sync)
         ddp = nn.parallel.DistributedDataParallel(TinyMLP(seed=r))
         sgd_steps(ddp, data, steps)
-        out[mode] = {"ours": dl.check.params(ours.module), "ddp": dl.check.params(ddp.module),
+        out[mode] = {"ours": params(ours.module), "ddp": params(ddp.module),
                      "buckets": ours.buckets}
     return out
 
 
 def test_matches_torch_ddp_in_every_mode_on_every_rank(warm):
     res = dl.launch(ours_and_ddp, 5, world_size=4, stream=False)
-    start = dl.check.params(TinyMLP(seed=0))
+    start = params(TinyMLP(seed=0))
     for mode in MODES:
         ours = [v[mode]["ours"] for v in res.values]
-        dl.check.compare(ours, [v[mode]["ddp"] for v in res.values], rtol=0.0, atol=1e-5)
-        dl.check.same_on_all_ranks(ours)
+        assert_close_on_every_rank(ours, [v[mode]["ddp"] for v in res.values], rtol=0.0,
+                                   atol=1e-5)
+        assert_same_on_every_rank(ours)
         moved = (ours[0]["param layers.0.weight"] - start["param layers.0.weight"]).abs().max()
         assert moved > 1e-3, f"{mode}: training did not change the weights"
     assert res[0]["bucketed"]["buckets"] == TINY_MLP_BUCKETS
@@ -91,7 +101,7 @@ def gpt_dp(steps: int) -> dict:
         dl.models.lm_loss(model(my_shard(idx)), my_shard(targets)).backward()
         model.finish_gradient_sync()
         opt.step()
-    return {**dl.check.grads(model.module), **dl.check.params(model.module),
+    return {**grads(model.module), **params(model.module),
             "num_buckets": model.num_buckets}
 
 
@@ -103,20 +113,20 @@ def gpt_full_batch(steps: int) -> dict:
         opt.zero_grad()
         dl.models.lm_loss(model(idx), targets).backward()
         opt.step()
-    return {**dl.check.grads(model), **dl.check.params(model)}
+    return {**grads(model), **params(model)}
 
 
 def test_gpt_matches_full_batch_training_in_fp64_with_overlapped_buckets(warm):
     steps = 3
     n_tensors = len(list(dl.models.TinyGPT().parameters()))
-    res = dl.check.against_reference(gpt_dp, gpt_full_batch, steps, world_size=4,
-                                     dtype=torch.float64, trace=True)
+    res = against_single_process(gpt_dp, gpt_full_batch, steps, world_size=4,
+                                 dtype=torch.float64, trace=True)
     buckets = res[0]["num_buckets"]
     assert 1 < buckets < n_tensors
     grad_bytes = 8 * sum(p.numel() for p in dl.models.TinyGPT().parameters())
-    dl.check.comm(res, {"all_gather": 1, "broadcast": n_tensors,
-                        ("all_reduce", None, "backward"): steps * buckets},
-                  bytes={"all_reduce": steps * grad_bytes})
+    assert_calls(res, {"all_gather": 1, "broadcast": n_tensors,
+                       ("all_reduce", None, "backward"): steps * buckets},
+                 bytes={"all_reduce": steps * grad_bytes})
 
 
 # -- communication: counts, phases, bytes, groups ------------------------------------------------
@@ -164,21 +174,21 @@ def test_exact_communication_per_mode_phase_and_group(warm):
         calls = n_params if bucket_mb == 0 else len(TINY_MLP_BUCKETS)
         assert {v["num_buckets"] for v in per_rank} == {calls}
         # construction: the model check, then every parameter and buffer from the group's first
-        dl.check.comm(traces["construction"], {("all_gather", "dp", "none"): 1,
-                                               ("broadcast", "dp", "none"): n_params + 1})
+        assert_calls(traces["construction"], {("all_gather", "dp", "none"): 1,
+                                              ("broadcast", "dp", "none"): n_params + 1})
         assert [v["tag"] for v in per_rank] == [float(v["first"]) for v in per_rank] == \
             [0.0, 1.0, 0.0, 1.0]
         sent_in = "backward" if overlap else "finish"
         waits_in = "finish" if overlap else "backward"
         phase = "backward" if overlap else "none"
-        dl.check.comm(traces[sent_in], {("all_reduce", "dp", phase): calls},
-                      bytes={"all_reduce": grad_bytes})
-        dl.check.comm(traces[waits_in], {})
+        assert_calls(traces[sent_in], {("all_reduce", "dp", phase): calls},
+                     bytes={"all_reduce": grad_bytes})
+        assert_calls(traces[waits_in], {})
         assert all(ev.async_op for t in traces[sent_in] for ev in t.events)
-        dl.check.comm(traces["finish again"], {})
-        dl.check.comm(traces["no_sync"], {})
-        dl.check.comm(traces["after no_sync"], {("all_reduce", "dp", phase): calls},
-                      bytes={"all_reduce": grad_bytes})
+        assert_calls(traces["finish again"], {})
+        assert_calls(traces["no_sync"], {})
+        assert_calls(traces["after no_sync"], {("all_reduce", "dp", phase): calls},
+                     bytes={"all_reduce": grad_bytes})
 
 
 # -- frozen, unused, tied parameters and buffers -------------------------------------------------
@@ -233,8 +243,8 @@ def quirky_dp(steps: int) -> dict:
             F.mse_loss(model(my_shard(x), use_extra=r % 2 == 0), my_shard(y)).backward()
             model.finish_gradient_sync()
             opt.step()
-        out |= {f"{mode}: {k}": v for k, v in {**dl.check.grads(model.module),
-                                               **dl.check.params(model.module)}.items()}
+        out |= {f"{mode}: {k}": v for k, v in {**grads(model.module),
+                                               **params(model.module)}.items()}
         out |= {f"{mode}: buffer {k}": b.clone() for k, b in model.module.named_buffers()}
         out[f"{mode}: buckets"] = model.buckets
     return out
@@ -251,7 +261,7 @@ def quirky_reference(steps: int, world: int = 4) -> dict:
                    for r in range(world)) / world
         loss.backward()
         opt.step()
-    ref = {**dl.check.grads(model), **dl.check.params(model)}
+    ref = {**grads(model), **params(model)}
     for name in ("never.weight", "never.bias"):
         assert ref[f"grad {name}"] is None   # unused everywhere: DataParallel gives zeros
         ref[f"grad {name}"] = torch.zeros_like(ref[f"param {name}"])
@@ -273,18 +283,18 @@ def test_frozen_unused_tied_parameters_and_buffers_match_the_reference(warm):
         return {f"{mode}: {k}": v for mode in QUIRKY_MODES
                 for k, v in (ref["common"] | ref["buffers"][rank]).items()}
 
-    res = dl.check.against_reference(quirky_dp, quirky_reference, steps, world_size=4,
-                                     dtype=torch.float64, expected_on_rank=expected_on_rank,
-                                     trace=True)
+    res = against_single_process(quirky_dp, quirky_reference, steps, world_size=4,
+                                 dtype=torch.float64, expected_on_rank=expected_on_rank,
+                                 trace=True)
     grad_bytes = 8 * (3 * 64 + 5 * 8)   # 8 trainable fp64 tensors: tied once, frozen never
     assert res[0]["per-parameter: buckets"] == [[n] for n in reversed(QUIRKY_TRAINABLE)]
     assert res[0]["buckets: buckets"] == [["extra.bias", "extra.weight", "hidden.bias"],
                                           ["hidden.weight", "bn.bias", "bn.weight"],
                                           ["never.bias", "never.weight"]]
     # construction: unique parameters (the frozen ones too, the tied one once) and buffers
-    dl.check.comm(res, {"all_gather": 3, "broadcast": 3 * (10 + 4),
-                        "all_reduce": steps * (8 + 3 + 3)},
-                  bytes={"all_reduce": 3 * steps * grad_bytes})
+    assert_calls(res, {"all_gather": 3, "broadcast": 3 * (10 + 4),
+                       "all_reduce": steps * (8 + 3 + 3)},
+                 bytes={"all_reduce": 3 * steps * grad_bytes})
 
 
 # -- gradient accumulation, repeated calls, wrong order -------------------------------------------
@@ -304,18 +314,18 @@ def accumulate(steps: int, micro: int) -> dict:
                 model.finish_gradient_sync()
             assert len(t.events) == (model.num_buckets if last else 0), t.summary()
         opt.step()
-    return {**dl.check.grads(model.module), **dl.check.params(model.module)}
+    return {**grads(model.module), **params(model.module)}
 
 
 def full_batch(steps: int, micro: int) -> dict:
     model = TinyMLP(seed=0)
     x, y = regression_batch(32, seed=2)
     sgd_steps(model, (x, y), steps)
-    return {**dl.check.grads(model), **dl.check.params(model)}
+    return {**grads(model), **params(model)}
 
 
 def test_no_sync_accumulates_locally_and_the_last_backward_sends_the_sum(warm):
-    dl.check.against_reference(accumulate, full_batch, 2, 2, world_size=2, dtype=torch.float64)
+    against_single_process(accumulate, full_batch, 2, 2, world_size=2, dtype=torch.float64)
 
 
 def misuse() -> dict:
@@ -328,12 +338,12 @@ def misuse() -> dict:
 
     F.mse_loss(model(x), y).backward()
     model.finish_gradient_sync()
-    once = dl.check.grads(model.module)
+    once = grads(model.module)
     with dl.trace() as t:
         model.finish_gradient_sync()
     out["second finish calls"] = len(t.events)
     out["second finish changed grads"] = any(
-        not torch.equal(g, once[n]) for n, g in dl.check.grads(model.module).items())
+        not torch.equal(g, once[n]) for n, g in grads(model.module).items())
     out["averaged"] = once
 
     model.zero_grad()
@@ -357,7 +367,7 @@ def misuse() -> dict:
     except dl.dp.GradientsNotAveraged as exc:   # a RuntimeError of its own class: a check
         out["forgot finish"] = str(exc)           # tells it in any language
     model.finish_gradient_sync()
-    out["after errors"] = dl.check.grads(model.module)
+    out["after errors"] = grads(model.module)
 
     again = DataParallel(model.module, bucket_mb=SMALL)   # a notebook cell run twice
     del model                                             # the old wrapper must fall silent
@@ -374,7 +384,7 @@ def misuse() -> dict:
         out["lazy calls before finish"] = len(t.events)
         lazy.finish_gradient_sync()
     out["lazy calls"] = len(t.events)
-    out["lazy"] = dl.check.grads(lazy.module)
+    out["lazy"] = grads(lazy.module)
     return out
 
 
@@ -383,8 +393,8 @@ def test_finish_twice_no_op_backward_twice_error_unless_no_overlap(warm):
     model = TinyMLP(seed=0)
     x, y = regression_batch(8, seed=4)
     F.mse_loss(model(x), y).backward()
-    dl.check.compare([v["averaged"] for v in res], dl.check.grads(model))
-    dl.check.compare([v["after errors"] for v in res], dl.check.grads(model))
+    assert_close_on_every_rank([v["averaged"] for v in res], grads(model))
+    assert_close_on_every_rank([v["after errors"] for v in res], grads(model))
     for v in res:
         assert v["second finish calls"] == 0 and not v["second finish changed grads"]
         assert "backward ran more than once" in v["backward twice"]
@@ -395,7 +405,7 @@ def test_finish_twice_no_op_backward_twice_error_unless_no_overlap(warm):
         assert v["wrapped again calls"] == len(TINY_MLP_BUCKETS)
         assert v["lazy calls before finish"] == 0
         assert v["lazy calls"] == len(TINY_MLP_BUCKETS)
-    dl.check.compare([v["lazy"] for v in res], dl.check.grads(model))
+    assert_close_on_every_rank([v["lazy"] for v in res], grads(model))
 
 
 # -- ZeRO-1 ----------------------------------------------------------------------------------------
@@ -426,7 +436,7 @@ def zero_steps(steps: int) -> dict:
                 opt.zero_grad()
                 F.mse_loss(model(my_shard(x)), my_shard(y)).backward()
                 opt.step()
-        out |= {f"{name} {k}": v for k, v in dl.check.params(model).items()}
+        out |= {f"{name} {k}": v for k, v in params(model).items()}
         out[name] = {"state": opt.state_numel, "shard": opt.shard_size, "numel": opt.numel,
                      "built": built, "stepping": stepping}
     return out
@@ -442,16 +452,16 @@ def full_batch_optimizers(steps: int) -> dict:
             opt.zero_grad()
             F.mse_loss(model(x), y).backward()
             opt.step()
-        out |= {f"{name} {k}": v for k, v in dl.check.params(model).items()}
+        out |= {f"{name} {k}": v for k, v in params(model).items()}
         out[name] = sum(t.numel() for s in opt.state.values() for t in s.values())
     return out
 
 
 def test_sharded_optimizer_matches_full_batch_with_a_quarter_of_the_state(warm):
     steps = 5
-    res = dl.check.against_reference(zero_steps, full_batch_optimizers, steps, world_size=4,
-                                     expected_on_rank=lambda r, ref: {
-                                         k: v for k, v in ref.items() if k not in OPTIMIZERS})
+    res = against_single_process(zero_steps, full_batch_optimizers, steps, world_size=4,
+                                 expected_on_rank=lambda r, ref: {
+                                     k: v for k, v in ref.items() if k not in OPTIMIZERS})
     unsharded = full_batch_optimizers(steps)
     numel = sum(p.numel() for p in zero_model(0).parameters())
     shard_size = math.ceil(numel / 4)
@@ -462,11 +472,11 @@ def test_sharded_optimizer_matches_full_batch_with_a_quarter_of_the_state(warm):
             got = v[name]
             assert (got["numel"], got["shard"]) == (numel, shard_size) == (122, 31)
             assert got["state"] == per_element * shard_size + counters   # ~1/4 of unsharded
-        dl.check.comm([v[name]["built"] for v in res], {"all_gather": 1, "broadcast": 1})
-        dl.check.comm([v[name]["stepping"] for v in res],
-                      {"reduce_scatter": steps, "all_gather": steps},
-                      bytes={"reduce_scatter": steps * 4 * 4 * shard_size,
-                             "all_gather": steps * 4 * shard_size})
+        assert_calls([v[name]["built"] for v in res], {"all_gather": 1, "broadcast": 1})
+        assert_calls([v[name]["stepping"] for v in res],
+                     {"reduce_scatter": steps, "all_gather": steps},
+                     bytes={"reduce_scatter": steps * 4 * 4 * shard_size,
+                            "all_gather": steps * 4 * shard_size})
 
 
 # -- bad input ----------------------------------------------------------------------------------
@@ -579,9 +589,9 @@ def test_zero_1_2_3_line_up(warm):
     res = dl.launch(three_stages, world_size=2, stream=False)
     numel = 36 + 49 + 40
     for out, ref in res.values:
-        for stage, (params, _, _, _) in out.items():
+        for stage, (stage_params, _, _, _) in out.items():
             for name in ref:
-                torch.testing.assert_close(params[name], ref[name], rtol=0, atol=1e-12,
+                torch.testing.assert_close(stage_params[name], ref[name], rtol=0, atol=1e-12,
                                            msg=lambda m, s=stage: f"stage {s}: {m}")
         assert out[1][1] == {("reduce_scatter", None): 1, ("all_gather", None): 1}
         assert out[2][1] == {("reduce_scatter", "backward"): 6, ("all_gather", None): 1}

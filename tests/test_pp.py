@@ -238,8 +238,8 @@ def check_step(per_rank, kind: str, name: str, p: int, m: int, act_numel: int) -
         for param, grad in v[name][1].items():
             assert param not in seen, f"{param} has a gradient on ranks {seen[param]} and {rank}"
             seen[param] = rank
-            dl.check.close(grad, ref_grads[param], name=f"grad {param}", rank=rank,
-                           rtol=1e-10, atol=1e-10)
+            torch.testing.assert_close(grad, ref_grads[param], rtol=1e-10, atol=1e-10,
+                                       msg=lambda m, what=f"rank {rank}, grad {param}": f"{what}: {m}")
     assert sorted(seen) == sorted(ref_grads), "some parameter got no gradient"
     # communication: activations forward, their gradients back, nothing else
     sched = pp.make_schedule(name, p, m)
@@ -324,8 +324,8 @@ def test_dp_times_pp_syncs_gradients_once_after_the_last_microbatch(warm):
     _, ref_grads = reference("gpt")
     for rank, (grads, marks, sync, t) in enumerate(res.values):
         for param, grad in grads.items():
-            dl.check.close(grad, ref_grads[param], name=f"grad {param}", rank=rank,
-                           rtol=1e-10, atol=1e-10)
+            torch.testing.assert_close(grad, ref_grads[param], rtol=1e-10, atol=1e-10,
+                                       msg=lambda m, what=f"rank {rank}, grad {param}": f"{what}: {m}")
         assert len(marks) == 2 and len(sync) == 1
         dp_events = [i for i, e in enumerate(t.events) if e.label == "dp"]
         assert [t.events[i].op for i in dp_events] == ["all_reduce"]

@@ -410,8 +410,9 @@ def check_chunked(per_rank, name: str, p: int, m: int, v: int) -> None:
         for param, grad in r[(name, m, v, "right")][1].items():
             assert param not in seen, f"{param} has a gradient on ranks {seen[param]} and {rank}"
             seen[param] = rank
-            dl.check.close(grad, ref_grads[param], name=f"{name}: grad {param}", rank=rank,
-                           rtol=1e-10, atol=1e-10)
+            torch.testing.assert_close(grad, ref_grads[param], rtol=1e-10, atol=1e-10,
+                                       msg=lambda m, what=f"{name}, rank {rank}: grad {param}":
+                                       f"{what}: {m}")
     assert sorted(seen) == sorted(ref_grads), "some parameter got no gradient"
     sched = pp.make_schedule(name, p, m, n_chunks=v)
     traces = [r[(name, m, v, "right")][2] for r in per_rank]
@@ -530,4 +531,5 @@ def test_torch_schedule_lays_chunks_out_as_torch_wants_them(warm):
         grads = {**res.values[0][i][1], **res.values[1][i][1]}
         assert sorted(grads) == sorted(n for n, _ in model.named_parameters())
         for n, q in model.named_parameters():
-            dl.check.close(grads[n], q.grad, name=f"{name}: grad {n}", rtol=1e-10, atol=1e-12)
+            torch.testing.assert_close(grads[n], q.grad, rtol=1e-10, atol=1e-12,
+                                       msg=lambda m, what=f"{name}: grad {n}": f"{what}: {m}")
