@@ -113,25 +113,31 @@ DEVICE_MISTAKES = [
     ("00_launch", "gather", "gather_tests",
      ("parts = [torch.zeros(1, dtype=torch.float64, device=dev)",
       "parts = [torch.zeros(1, dtype=torch.float64)"),
-     "an all_gather was handed a CPU tensor"),
+     ("device audit: an all_gather was handed a CPU tensor", "dl.device()", "cell, line")),
     ("02_data_parallel", "sharded_momentum_sgd", "sharded_momentum_sgd_tests",
      ("grad_shard = torch.empty_like(self.momentum)",
       "grad_shard = torch.empty(self.shard_size, dtype=self.momentum.dtype)"),
-     "a reduce_scatter was handed a CPU tensor"),
+     ("device audit: a reduce_scatter was handed a CPU tensor", "dl.device()", "cell, line")),
+    # torch makes a stage's buffers on the device it is told, in its own code, which the audit
+    # leaves unmarked: the test cell compares that device with dl.device() (the seventh
+    # learner pass: the stages told the CPU passed every check)
+    ("10_pipeline_schedules", "torch_step", "torch_step_tests",
+     ("PipelineStage(pieces[k], k, v * p, dev) for k in mine]",
+      "PipelineStage(pieces[k], k, v * p, torch.device(\"cpu\"))\n              for k in mine]"),
+     ("the device cpu", "dl.device()", "pp.torch_device")),
 ]
 
 
-@pytest.mark.parametrize("name, cell, test_cell, edit, message", DEVICE_MISTAKES,
+@pytest.mark.parametrize("name, cell, test_cell, edit, says", DEVICE_MISTAKES,
                          ids=[m[0] for m in DEVICE_MISTAKES])
 def test_a_device_mistake_fails_its_test_cell_under_the_audit(graded, name, cell, test_cell,
-                                                              edit, message):
+                                                              edit, says):
     if name not in ASSIGNMENTS:
         pytest.skip(f"{name} is not among DPMP_LAB_ASSIGNMENTS")
     scores_of(graded, name, nbgrader_in_full(name)[0])   # fails clearly if that round trip did
     failed = graded["audit"][name][cell]
     assert test_cell in failed, f"{test_cell} passed: {sorted(failed)}"
-    assert "device audit: " + message in failed[test_cell]
-    assert "dl.device()" in failed[test_cell] and "cell, line" in failed[test_cell]
+    assert all(words in failed[test_cell] for words in says), failed[test_cell]
 
 
 # -- recall questions without surface cues --------------------------------------------------------
@@ -273,8 +279,8 @@ def device_mistake_views() -> list[tuple[str, dict]]:
     from tests.course_variants import solution_editor
 
     return [(name, {"name": f"(device mistake) {cell}", "replace": solution_editor(name)(cell, edit),
-                    "visible": [test_cell], "visible_says": ["device audit: " + message]})
-            for name, cell, test_cell, edit, message in DEVICE_MISTAKES[:1]
+                    "visible": [test_cell], "visible_says": [says[0]]})
+            for name, cell, test_cell, edit, says in DEVICE_MISTAKES[:1]
             if name in ASSIGNMENTS]
 
 

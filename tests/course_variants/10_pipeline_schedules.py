@@ -321,6 +321,73 @@ SCHEDULE_CLASS_FIXED = _edit("torch_step", ("getattr(schedules, schedule_name)("
 NO_TARGET_ON_THE_LAST_RANK = _edit("torch_step", ("    if v * p - 1 in mine:\n",
                                                   "    if False:\n"))
 
+# -- the seventh learner pass -------------------------------------------------------------------
+
+# raises only for an m above p that does not split: m = 2 on p = 4 runs rounds of micro-batches
+# that do not exist
+RAISES_ONLY_ABOVE_P = _edit("interleaved_table", ("    if m % p:\n", "    if m > p and m % p:\n"))
+
+# depth first: each micro-batch through every chunk before the next starts
+DEPTH_FIRST = _edit(
+    "interleaved_table",
+    ("        round_, within = divmod(k, p * v)\n"
+     "        chunk = within // p if kind == \"F\" else v - 1 - within // p\n"
+     "        name = f\"{kind}{round_ * p + within % p}\"",
+     "        j, chunk = divmod(k, v)                  # micro-batch j through every chunk\n"
+     "        chunk = chunk if kind == \"F\" else v - 1 - chunk\n"
+     "        name = f\"{kind}{j}\""))
+
+# B peels the last layer off and passes tanh's derivative below every other one, also below
+# the first layer of a 1-layer stage, whose input no tanh made
+B_PEELS_THE_LAST_LAYER = {"bw_stage": """
+def b_step(layers, acts, grad_out):
+    \"\"\"B of a stage: (dL/d(stage input), what W needs later), no parameter gradient yet.\"\"\"
+    held = [None] * len(layers)
+    g = grad_out
+    held[-1] = (g, acts[-2])
+    g = backward_input(g, layers[-1].weight) * (1 - acts[-2] ** 2)
+    for i in reversed(range(len(layers) - 1)):
+        held[i] = (g, acts[i])
+        g = backward_input(g, layers[i].weight)
+        if i > 0:
+            g = g * (1 - acts[i] ** 2)
+    return g, held
+
+
+def w_step(layers, held):
+    \"\"\"W of a stage: add every layer's weight and bias gradients into .grad.\"\"\"
+    for layer, (g, inp) in zip(layers, held):
+        gw, gb = backward_weight(g, inp)
+        for param, grad in ((layer.weight, gw), (layer.bias, gb)):
+            param.grad = grad.clone() if param.grad is None else param.grad + grad
+"""}
+
+# W takes the oldest B's leftovers from one queue and ignores what it is handed: right while
+# the Ws run in the Bs' order, another micro-batch's (or chunk's) otherwise
+W_FROM_A_QUEUE = _edit(
+    "bw_stage",
+    ("    return g, held\n", "    PENDING_W.append(held)\n    return g, held\n"),
+    ("    for layer, (g, inp) in zip(layers, held):\n",
+     "    for layer, (g, inp) in zip(layers, PENDING_W.pop(0)):\n"),
+    ("def b_step(layers, acts, grad_out):\n", "PENDING_W = []\n\n\ndef b_step(layers, acts, grad_out):\n"))
+
+# the stage's gradient through float32 and back
+B_IN_FLOAT32 = _edit("bw_stage", ("    g = grad_out\n", "    g = grad_out.float().double()\n"))
+
+# the schedule given v p micro-batches, the model's stages (6 = m in the sixth pass's cases)
+MICROBATCHES_AS_STAGES = _edit("torch_step", ("(stages, m, loss_fn=F.mse_loss)",
+                                              "(stages, v * p, loss_fn=F.mse_loss)"))
+
+# every stage told an example input of 2 rows, the micro-batch when m = 6
+INPUT_OF_TWO_ROWS = _edit("torch_step", (
+    "PipelineStage(pieces[k], k, v * p, dev) for k in mine]",
+    "PipelineStage(pieces[k], k, v * p, dev, input_args=torch.zeros(\n"
+    "        2, D_IN if k == 0 else HIDDEN, dtype=torch.float64, device=dev)) for k in mine]"))
+
+# the losses list made, never handed to the step
+LOSSES_NOT_HANDED_OVER = _edit("torch_step", ('kwargs = {"target": y, "losses": losses}',
+                                              'kwargs = {"target": y}'))
+
 # -- reading and recall ---------------------------------------------------------------------------
 
 DUALPIPE_WITH_B_AS_INPUT_PART = _edit("dualpipe_bubbles",
@@ -361,7 +428,7 @@ def w_step(layers, held):
 VARIANTS = [
     {"name": "interleaved: all m micro-batches through chunk 0 first, not rounds of p",
      "replace": CHUNK_MAJOR, "loses": ["interleaved_tests"],
-     "visible": ["interleaved_tests"], "visible_says": ["rounds of p"]},
+     "visible": ["interleaved_tests"], "visible_says": ["pp.interleaved_rounds"]},
     {"name": "interleaved: 1F1B's warm-up, without the trip back",
      "replace": WARMUP_OF_1F1B, "loses": ["interleaved_tests"],
      "visible": ["interleaved_tests"], "visible_says": ["forwards before its first backward"]},
@@ -402,7 +469,7 @@ VARIANTS = [
      "visible": ["bw_linear_tests", "bw_stage_tests"], "visible_says": ["the rows of the batch"]},
     {"name": "B: the input gradient with the weight transposed",
      "replace": INPUT_GRAD_WITH_THE_TRANSPOSE, "loses": ["bw_linear_tests", "bw_stage_tests"],
-     "visible": ["bw_linear_tests", "bw_stage_tests"]},
+     "visible": ["bw_linear_tests", "bw_stage_tests"], "visible_says": ["pp.linear_shapes"]},
     {"name": "stage: the bias gradient computed in B, left for W to add",
      "replace": BIAS_GRADIENT_IN_B, "loses": ["bw_stage_tests"],
      "visible": ["bw_stage_tests"], "visible_says": ["pp.w_work_in_b"]},
@@ -513,11 +580,38 @@ VARIANTS = [
      "visible": ["torch_step_tests"], "visible_says": ["is switched off"]},
     {"name": "torch: each micro-batch's loss summed over its elements, not averaged",
      "replace": LOSS_SUMMED, "loses": ["torch_step_tests"],
-     "visible": ["torch_step_tests"], "visible_says": ["not over the ranks: this run has 3"],
+     "visible": ["torch_step_tests"], "visible_says": ["pp.torch_loss_sum"],
      "visible_never_says": ["8 ranks"]},
     {"name": "torch: the last rank passes no target",
      "replace": NO_TARGET_ON_THE_LAST_RANK, "loses": ["torch_step_tests"],
      "visible": ["torch_step_tests"]},
+    {"name": "interleaved: raises only for an m above p (seventh pass)",
+     "replace": RAISES_ONLY_ABOVE_P, "loses": ["interleaved_tests"],
+     "visible": ["interleaved_tests"], "visible_says": ["pp.interleaved_m"]},
+    {"name": "interleaved: depth first, each micro-batch through every chunk (seventh pass)",
+     "replace": DEPTH_FIRST, "loses": ["interleaved_tests"],
+     "visible": ["interleaved_tests"], "visible_says": ["pp.interleaved_rounds"],
+     "visible_never_says": ["not all m through one chunk"]},
+    {"name": "stage: B peels the last layer, tanh's derivative below a 1-layer stage too",
+     "replace": B_PEELS_THE_LAST_LAYER, "loses": ["bw_stage_tests"],
+     "visible": ["bw_stage_tests"], "visible_says": ["pp.tanh_derivative"]},
+    {"name": "stage: W from a queue of B's leftovers, not what it is handed (seventh pass)",
+     "replace": W_FROM_A_QUEUE, "loses": ["bw_stage_tests"],
+     "visible": ["bw_stage_tests"], "visible_says": ["pp.w_reads_held"]},
+    {"name": "stage: the gradient through float32 and back (seventh pass)",
+     "replace": B_IN_FLOAT32, "loses": ["bw_stage_tests"],
+     "visible": ["bw_stage_tests"], "visible_says": ["pp.float32"],
+     "visible_never_says": ["pp.tanh_derivative"]},
+    {"name": "torch_step: v p micro-batches, the model's stages (seventh pass)",
+     "replace": MICROBATCHES_AS_STAGES, "loses": ["torch_step_tests"],
+     "visible": ["torch_step_tests"], "visible_says": ["pp.torch_microbatches"]},
+    {"name": "torch_step: an example input of 2 rows (seventh pass)",
+     "replace": INPUT_OF_TWO_ROWS, "loses": ["torch_step_tests"],
+     "visible": ["torch_step_tests"], "visible_says": ["pp.torch_shapes"]},
+    {"name": "torch_step: the losses list never handed to the step (seventh pass)",
+     "replace": LOSSES_NOT_HANDED_OVER, "loses": ["torch_step_tests"],
+     "visible": ["torch_step_tests"], "visible_says": ["pp.torch_losses"],
+     "visible_never_says": ["pp.torch_microbatches"]},
     {"name": "DualPipe's table read with B as the input part",
      "replace": DUALPIPE_WITH_B_AS_INPUT_PART, "loses": ["dualpipe_tests"]},
     {"name": "recall: every answer wrong", "replace": RECALL_WRONG,
