@@ -388,6 +388,10 @@ INPUT_OF_TWO_ROWS = _edit("torch_step", (
 LOSSES_NOT_HANDED_OVER = _edit("torch_step", ('kwargs = {"target": y, "losses": losses}',
                                               'kwargs = {"target": y}'))
 
+# W given the previous layer's input where the layer's own belongs (B's gradient stays right)
+W_FROM_ANOTHER_LAYERS_INPUT = _edit("bw_stage", ("        held[i] = (g, acts[i])",
+                                                 "        held[i] = (g, acts[i - 1])"))
+
 # -- reading and recall ---------------------------------------------------------------------------
 
 DUALPIPE_WITH_B_AS_INPUT_PART = _edit("dualpipe_bubbles",
@@ -612,6 +616,9 @@ VARIANTS = [
      "replace": LOSSES_NOT_HANDED_OVER, "loses": ["torch_step_tests"],
      "visible": ["torch_step_tests"], "visible_says": ["pp.torch_losses"],
      "visible_never_says": ["pp.torch_microbatches"]},
+    {"name": "stage: W given another layer's input (seventh pass)",
+     "replace": W_FROM_ANOTHER_LAYERS_INPUT, "loses": ["bw_stage_tests"],
+     "visible": ["bw_stage_tests"], "visible_says": ["pp.w_inputs"]},
     {"name": "DualPipe's table read with B as the input part",
      "replace": DUALPIPE_WITH_B_AS_INPUT_PART, "loses": ["dualpipe_tests"]},
     {"name": "recall: every answer wrong", "replace": RECALL_WRONG,
