@@ -55,5 +55,6 @@ DESTROYED_GROUP_HINT = N_(
     "called the collective they wait in."
 )
 
-SHAPES_HINT = N_("the ranks passed tensors of different shapes or dtypes to the same collective.")
+SHAPES_HINT = N_("the ranks passed tensors of different shapes or dtypes to the same collective, "
+                 "or a send and its recv disagree on them.")
 MEMORY_HINT = N_("the machine may have run out of memory: try smaller tensors or fewer ranks.")

@@ -576,6 +576,20 @@ def naive_pipeline_step(x, y):
     return {"loss": None if loss is None else loss.item(), "grads": grads}
 '''}
 
+# -- the seventh learner pass -------------------------------------------------------------------
+
+# each micro-batch's loss scaled by its rows over the notebook's BATCH: 1/m only at that batch
+RUNNER_SCALED_BY_THE_NOTEBOOKS_BATCH = _edit("runner", ("                out = loss / m",
+                                                        "                out = loss * ys[j].shape[0] / BATCH"))
+
+# the replicas' gradients exchanged in float32, half the bytes and half the digits
+DP_PP_IN_FLOAT32 = _edit("dp_pp", (
+    "        flat = torch.cat([q.grad.reshape(-1) for q in params])\n"
+    "        dist.all_reduce(flat, group=grid.dp_group)",
+    "        flat = torch.cat([q.grad.reshape(-1) for q in params]).float()\n"
+    "        dist.all_reduce(flat, group=grid.dp_group)"))
+
+
 VARIANTS = [
     {"name": "naive pipeline written for 3 stages (the visible case)",
      "replace": _edit("naive", ("    if rank < p - 1:\n        dist.send(out.detach()",
@@ -592,7 +606,7 @@ VARIANTS = [
      "loses": ["naive_tests"], "visible": ["naive_tests"], "visible_says": ["pp.fixed_batch"]},
     {"name": "received activation without requires_grad: no gradient to send back",
      "replace": FORGETS_REQUIRES_GRAD, "loses": ["naive_tests", "naive_comm_tests"],
-     "visible": ["naive_tests", "naive_comm_tests"], "visible_says": ["pp.recv_requires_grad"]},
+     "visible": ["naive_tests", "naive_comm_tests"], "visible_says": ["pp.recv_untracked"]},
     {"name": "a middle stage passes on the gradient it received, as if it were the identity",
      "replace": PASSES_THE_RECEIVED_GRADIENT_ON, "loses": ["naive_tests"],
      "visible": ["naive_tests"], "visible_says": ["differs from the reference"]},
@@ -782,4 +796,10 @@ VARIANTS = [
      "loses": ["recall_memory_regime"]},
     {"name": "recall R9: the gradients all-reduced after every micro-batch",
      "replace": {"answer_dp_sync": 'q_dp_sync = "b"'}, "loses": ["recall_dp_sync"]},
+    {"name": "runner: the losses scaled with the notebook's BATCH (seventh pass)",
+     "replace": RUNNER_SCALED_BY_THE_NOTEBOOKS_BATCH, "loses": ["runner_tests"],
+     "visible": ["runner_tests"], "visible_says": ["pp.runner_scale_fixed"]},
+    {"name": "DP x PP: the replicas' gradients exchanged in float32 (seventh pass)",
+     "replace": DP_PP_IN_FLOAT32, "loses": ["dp_pp_tests", "dp_pp_comm_tests"],
+     "visible": ["dp_pp_tests", "dp_pp_comm_tests"], "visible_says": ["pp.dp_sync_dtype"]},
 ]
