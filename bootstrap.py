@@ -21,11 +21,11 @@ deploy/package-lock.json.
 Only the Python standard library is used here, so this runs on a fresh machine with nothing
 but python3.
 
-The browser test (tests/test_browser.py) needs a system Chromium, and the grading tests need
-bubblewrap (the sandbox every submission is graded in); the hub test also needs npm. Only
-under CI (CI=true) and as root does `test` install Debian's chromium, bubblewrap and npm with
-apt-get when they are missing; a learner's machine never gets an apt-get call (there those
-tests skip and say why).
+The browser test (tests/end_to_end/test_browser.py) needs a system Chromium, and the grading tests
+need bubblewrap (the sandbox every submission is graded in); the hub test also needs npm. Only under
+CI (CI=true) and as root does `test` install Debian's chromium, bubblewrap and npm with apt-get when
+they are missing; a learner's machine never gets an apt-get call (there those tests skip and say
+why).
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ LINTED = ("dpmp_lab", "tests", "benchmarks", "tools", "bootstrap.py")
 # pycodestyle's checks that the house style does not follow: hanging indents of 4 under an open
 # bracket, operators at line breaks, lambdas assigned, E501 (ruff checks the length), l as a name
 PYCODESTYLE_IGNORE = "E121,E123,E126,E226,E24,E704,W503,W504,E501,E731,E741"
-BROWSERS = ("chromium", "chromium-browser", "google-chrome")  # what tests/test_browser.py finds
+# what tests/end_to_end/test_browser.py finds
+BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 # pyproject's extras each command installs: a learner's (and an instructor's) course needs no
 # test tools; the tests need everything ("dev" holds course and instructor)
 EXTRAS = {"course": ("course", "instructor"), "hub": ("hub",), "test": ("dev",)}

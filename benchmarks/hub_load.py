@@ -3,8 +3,8 @@ running a launch cell at the same moment, one of them a runaway, while the instr
 
     sudo python benchmarks/hub_load.py [--learners 8] [--memory 2G] [--cpus 1] [--json out.json]
 
-It starts the hub as tests/test_hub_class.py does (root, throw-away accounts, the learners'
-copy, the hub's API with an admin token), and measures, in this one run:
+It starts the hub as tests/end_to_end/test_hub_class.py does (root, throw-away accounts, the
+learners' copy, the hub's API with an admin token), and measures, in this one run:
 - a launch cell (`dl.launch` of a 4-rank all-reduce, the kernel's first launch, its rank starter
   included, then a second) in one learner's server alone: the baseline;
 - the same in every learner's server at once, while `dpmp-lab grade` grades copies of
@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from dpmp_lab.instructor.hub_settings import memory_bytes  # noqa: E402
-from tests.test_hub_class import (  # noqa: E402
+from tests.end_to_end.test_hub_class import (  # noqa: E402
     Accounts,
     Hub,
     cgroup_files,

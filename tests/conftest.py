@@ -106,7 +106,9 @@ def graded_class(tmp_path_factory) -> dict:
     """One class of 00_launch, honest learners and attackers, graded twice (grading_class.py):
     shared by test_class_grading.py and the tests it imports from grading_trust.py, one file
     for xdist, so it costs its minutes once."""
-    from .grading_class import grade_the_class  # it imports this file: no cycle at import
+    from tests.end_to_end.grading_class import (
+        grade_the_class,  # it imports this file: no cycle at import
+    )
 
     return grade_the_class(tmp_path_factory.mktemp("class"))
 
@@ -118,8 +120,9 @@ def graded_class(tmp_path_factory) -> dict:
 # long and mostly wait (a hub, a browser, torchrun): counted by their tests they would come
 # last, and one of them ran for the last minute and a half of the run on one worker (measured:
 # one core idle).
-FIRST = ("tests/test_course.py", "tests/test_class_grading.py", "tests/test_hub_class.py",
-         "tests/test_browser.py", "tests/test_inert_pages.py", "tests/test_hybrid.py")
+FIRST = ("tests/end_to_end/test_course.py", "tests/end_to_end/test_class_grading.py",
+         "tests/end_to_end/test_hub_class.py", "tests/end_to_end/test_browser.py",
+         "tests/end_to_end/test_inert_pages.py", "tests/launches/test_hybrid.py")
 
 
 def file_of(item: pytest.Item) -> str:
@@ -142,6 +145,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     whole on one worker, so that a module's fixtures (a JupyterLab, a graded course) are built
     once, and the files go out in the collection's order. (`--dist=loadgroup` would let two
     files share a worker, but pytest 9.2 broke it: pytest-xdist#1386; the class's two files
-    are one file for that reason, tests/grading_trust.py.)"""
+    are one file for that reason, tests/end_to_end/grading_trust.py.)"""
     rank = {f: i for i, f in enumerate(scheduled_order([file_of(i) for i in items]))}
     items.sort(key=lambda item: rank[file_of(item)])   # stable: a file keeps its own order

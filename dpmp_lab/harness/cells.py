@@ -1,6 +1,6 @@
 """Which names each cell of a notebook reads and binds, and which cells a change can reach:
-what the one-kernel grading of tests/test_course.py re-runs after a variant's cells, instead of
-the whole rest of the notebook.
+what the one-kernel grading of tests/end_to_end/test_course.py re-runs after a variant's cells,
+instead of the whole rest of the notebook.
 
 A static reading of each cell's names, conservative where it can be: a cell re-runs when it
 reads a name that a re-run cell bound or may have changed (any name a re-run cell reads may

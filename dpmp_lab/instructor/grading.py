@@ -4,11 +4,12 @@ nbgrader keeps one sqlite gradebook, and `nbgrader autograde` processes sharing 
 on sqlite's file lock: a writer waits at most its busy timeout (5 s in Python's sqlite3) and
 then fails with "database is locked", which a long autograde commit under load can exceed; and
 two autogrades of one assignment without --student grade the same students into the same
-autograded/ folders. (The "two autogrades at once" failure seen in tests/test_course.py was
-another thing: ast.parse in several threads of one CPython 3.11 process. Jobs here are
-processes.) So no job here touches the course's gradebook: each submission is autograded (and
-its feedback written) by its own nbgrader process, in a scratch course root of its own, with a
-copy of the gradebook taken before any job started, its own kernel and its own rank processes.
+autograded/ folders. (The "two autogrades at once" failure seen in
+tests/end_to_end/test_course.py was another thing: ast.parse in several threads of one CPython
+3.11 process. Jobs here are processes.) So no job here touches the course's gradebook: each
+submission is autograded (and its feedback written) by its own nbgrader process, in a scratch
+course root of its own, with a copy of the gradebook taken before any job started, its own
+kernel and its own rank processes.
 The parent alone, in one thread, writes each result into the course's gradebook as it arrives
 (`record`), and copies the autograded notebook and feedback into place. A result replaces
 whatever the gradebook held for that student, so the gradebook ends the same whatever order

@@ -122,7 +122,7 @@ class LiveJobs:
 
 
 # launcher.launch.AUDIT_ENV (that module loads torch, which a job's own process never does;
-# tests/grading_trust.py holds the two equal)
+# tests/end_to_end/grading_trust.py holds the two equal)
 AUDIT_ENV = "DPMP_LAB_DEVICE_AUDIT"
 
 

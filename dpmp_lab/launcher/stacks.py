@@ -4,7 +4,7 @@ A rank dumps every thread's stack when the launcher asks where it is stuck (SIGU
 a fatal signal kills it. faulthandler writes the most recent call first, without source lines
 and with the launcher's own frames; `stack_from_dump` turns that into an ordinary traceback of
 the main thread, with the cell's source; `p2p_wait` and `waits_on_handle` read what its innermost
-frames say the rank waited in. Pure: tested in tests/test_failures.py.
+frames say the rank waited in. Pure: tested in tests/unit/test_failures.py.
 """
 
 from __future__ import annotations

@@ -6,11 +6,11 @@ no longer matches the notebook is an error when this module is imported, never a
 silently tests nothing. `loses` lists exactly the graded cells that must score zero.
 
 `visible` names the test cells a learner can run that must already FAIL with the mistake written
-in (hidden tests stripped: tests/test_course.py runs the learner's view), and `visible_says` words
-that failure must contain: every classic mistake shows before hand-in, with the grader's hint.
-A mistake in an earlier piece loses that piece's cells only: later exercises are graded with the
-library's version of it (the variants of shard_batch, broadcast_parameters and OverlappingDP
-prove it, since their `loses` names nothing later).
+in (hidden tests stripped: tests/end_to_end/test_course.py runs the learner's view), and
+`visible_says` words that failure must contain: every classic mistake shows before hand-in, with the
+grader's hint. A mistake in an earlier piece loses that piece's cells only: later exercises are
+graded with the library's version of it (the variants of shard_batch, broadcast_parameters and
+OverlappingDP prove it, since their `loses` names nothing later).
 """
 
 from __future__ import annotations
