@@ -2,8 +2,8 @@
 """Set up everything and start the course, or set up everything and run the tests.
 
     python3 bootstrap.py course     # JupyterLab on the course (extra args go to jupyter lab)
-    python3 bootstrap.py test       # ruff, pycodestyle, then the whole pytest suite (extra args
-                                    # go to pytest)
+    python3 bootstrap.py test       # ruff, pycodestyle, then the whole pytest suite: tests/unit
+                                    # first, then the rest (extra args go to pytest instead)
     python3 bootstrap.py hub        # JupyterHub for a class (deploy/jupyterhub_config.py; extra
                                     # args go to jupyterhub)
 
@@ -50,6 +50,10 @@ STAMP = VENV / ".dpmp_lab-installed"
 LEARNER_CONFIG = ROOT / "course" / "nbgrader_config.py"
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 LINTED = ("dpmp_lab", "tests", "benchmarks", "tools", "bootstrap.py")
+# The test tiers, fastest first: pure units (no process started), launches of ranks, then end to
+# end (kernels, nbgrader, the class, the hub, the browser). The test command runs the first
+# alone and stops there if it fails.
+TIERS = ("tests/unit", "tests/launches", "tests/end_to_end")
 # pycodestyle's checks that the house style does not follow: hanging indents of 4 under an open
 # bracket, operators at line breaks, lambdas assigned, E501 (ruff checks the length), l as a name
 PYCODESTYLE_IGNORE = "E121,E123,E126,E226,E24,E704,W503,W504,E501,E731,E741"
@@ -313,8 +317,16 @@ def main(argv: list[str]) -> int:
                 f"--ignore={PYCODESTYLE_IGNORE}", *LINTED])
     if code:
         return code
-    say("pytest")
-    return run([str(python), "-m", "pytest", *workers(rest), *rest])
+    if rest:   # the caller chooses what to run
+        say("pytest")
+        return run([str(python), "-m", "pytest", *workers(rest), *rest])
+    unit, *slower = TIERS
+    say(f"pytest, the fast tier first: {unit} (no process started, seconds)")
+    code = run([str(python), "-m", "pytest", "-n", "0", unit])
+    if code:
+        return code
+    say(f"pytest: {', '.join(slower)}")
+    return run([str(python), "-m", "pytest", *workers(rest), *slower])
 
 
 def workers(rest: list[str]) -> list[str]:
