@@ -23,10 +23,15 @@ def whole_number(name: str, value: Any, *, at_least: int = 1, at_most: int | Non
     the ValueError's sentence ("a pipeline needs at least 1 stage").
     """
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, not {type(value).__name__} ({value!r})")
+        from dpmp_lab.i18n.messages import _  # here: the catalogues' module imports this one
+        raise TypeError(_("{name} must be an int, not {kind} ({value!r})").format(
+            name=name, kind=type(value).__name__, value=value))
     if value < at_least or (at_most is not None and value > at_most):
-        limits = f"from {at_least} to {at_most}" if at_most is not None else f"at least {at_least}"
-        raise ValueError(f"{name}={value}: {what or f'it must be {limits}'}")
+        from dpmp_lab.i18n.messages import _  # here: the catalogues' module imports this one
+        limits = (_("from {low} to {high}").format(low=at_least, high=at_most)
+                  if at_most is not None else _("at least {low}").format(low=at_least))
+        raise ValueError(_("{name}={value}: {what}").format(
+            name=name, value=value, what=what or _("it must be {limits}").format(limits=limits)))
     return value
 
 
@@ -34,7 +39,9 @@ def positive_seconds(name: str, value: Any) -> None:
     """None, or a number of seconds > 0."""
     if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                               or value <= 0):
-        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        from dpmp_lab.i18n.messages import _  # here: the catalogues' module imports this one
+        raise ValueError(_("{name} must be a positive number of seconds, got {value!r}").format(
+            name=name, value=value))
 
 
 def ranks_text(ranks: Iterable[int]) -> str:

@@ -2,7 +2,7 @@
 the tensors in a nested value, "is there a process group", a tensor or a group argument checked
 (every group a library piece takes goes through resolve_group or member_group).
 (_helpers.py keeps those that do not, for the instructor's tools, which load no torch.) Imports
-nothing from dpmp_lab."""
+nothing from dpmp_lab but `_()`, which says its messages in the learner's language."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from dpmp_lab.i18n.messages import _
 
 
 def freeze_startup() -> bool:
@@ -74,34 +76,39 @@ def group_ready() -> bool:
 def tensor_arg(x: object, what: str) -> torch.Tensor:
     """x itself, or a TypeError naming the argument when it is not a tensor."""
     if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{what} must be a torch.Tensor, not {type(x).__name__}")
+        raise TypeError(_("{what} must be a torch.Tensor, not {kind}").format(
+            what=what, kind=type(x).__name__))
     return x
 
 
 def resolve_group(group: Any, who: str) -> dist.ProcessGroup:
     """The process group to average over (None: every rank), checked for this rank."""
     if not group_ready():
-        raise RuntimeError(f"{who} needs a process group: run it inside the ranks of "
-                           "dl.launch(...) (or after dist.init_process_group)")
+        raise RuntimeError(_("{who} needs a process group: run it inside the ranks of "
+                             "dl.launch(...) (or after dist.init_process_group)").format(who=who))
     if group is None:
         return dist.group.WORLD
     if group is dist.GroupMember.NON_GROUP_MEMBER:
-        raise ValueError(f"rank {dist.get_rank()} is not a member of the group given to {who}: "
-                         "dist.new_group hands non-members a placeholder; give every rank the "
-                         "group it belongs to (e.g. grid.dp_group)")
+        raise ValueError(_("rank {rank} is not a member of the group given to {who}: "
+                           "dist.new_group hands non-members a placeholder; give every rank the "
+                           "group it belongs to (e.g. grid.dp_group)").format(
+            rank=dist.get_rank(), who=who))
     if not isinstance(group, dist.ProcessGroup):
-        raise TypeError(f"group must be a torch.distributed ProcessGroup or None, "
-                        f"not {type(group).__name__}")
+        raise TypeError(_("group must be a torch.distributed ProcessGroup or None, not "
+                          "{kind}").format(kind=type(group).__name__))
     return group
 
 
 def member_group(group: object, axis: str, kind: str, example: str) -> dist.ProcessGroup:
     """group itself when it is a process group this rank belongs to; else an error saying
-    which group of the grid (`axis`, e.g. "tp", a `kind` of parallelism) was expected."""
+    which group of the grid (`axis`, e.g. "tp", a `kind` of parallelism, marked with N_() and
+    said in the learner's language) was expected."""
     if not isinstance(group, dist.ProcessGroup):
-        raise TypeError(f"group must be the {kind} torch.distributed ProcessGroup (e.g. "
-                        f"{example}), not {type(group).__name__}")
+        raise TypeError(_("group must be the {kind} torch.distributed ProcessGroup (e.g. "
+                          "{example}), not {name}").format(
+            kind=_(kind), example=example, name=type(group).__name__))
     if dist.get_rank(group) < 0:
-        raise ValueError(f"rank {dist.get_rank()} is not a member of the {axis} group "
-                         f"{dist.get_process_group_ranks(group)} it was given")
+        raise ValueError(_("rank {rank} is not a member of the {axis} group {ranks} it was "
+                           "given").format(rank=dist.get_rank(), axis=axis,
+                                           ranks=dist.get_process_group_ranks(group)))
     return group

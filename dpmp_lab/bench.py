@@ -120,7 +120,8 @@ def ring_steps(op: str, world_size: int) -> int:
     if op == "message":
         return 1
     if op not in RING_OPS:
-        raise ValueError(f"ring_steps knows {', '.join(RING_OPS)} and 'message', not {op!r}")
+        raise ValueError(_("ring_steps knows {ops} and 'message', not {op!r}").format(
+            ops=", ".join(RING_OPS), op=op))
     return (2 if op == "all_reduce" else 1) * (world_size - 1)
 
 
@@ -150,11 +151,13 @@ def time_collective(op: str, nbytes: int, *, warmup: int = 2, repeats: int = 5,
     """Time one collective of `nbytes` (the full tensor: all-reduce's buffer, all-gather's
     output, reduce-scatter's input) on `group`, inside a rank. fp32 data on dl.device()."""
     if op not in RING_OPS:
-        raise ValueError(f"time_collective times {', '.join(RING_OPS)}, not {op!r}")
+        raise ValueError(_("time_collective times {ops}, not {op!r}").format(
+            ops=", ".join(RING_OPS), op=op))
     size = dist.get_world_size(group)
     if nbytes < 4 * size or nbytes % (4 * size):
-        raise ValueError(f"nbytes={nbytes}: use a multiple of 4 x world size ({4 * size}) bytes, "
-                         "so that every rank's share is whole fp32 numbers")
+        raise ValueError(_("nbytes={nbytes}: use a multiple of 4 x world size ({step}) bytes, "
+                           "so that every rank's share is whole fp32 numbers").format(
+            nbytes=nbytes, step=4 * size))
     full = torch.ones(nbytes // 4, device=device())
     part = torch.ones(nbytes // 4 // size, device=device())
     run = {"all_reduce": lambda: dist.all_reduce(full, group=group),
@@ -234,17 +237,19 @@ def sweep(ops: Sequence[str], sizes: Sequence[int], world_sizes: Sequence[int], 
     """
     _check_counts(warmup, repeats)
     if not ops or not sizes or not world_sizes:
-        raise ValueError("sweep needs at least one op, one size and one world size")
+        raise ValueError(_("sweep needs at least one op, one size and one world size"))
     for op in ops:
         ring_steps(op, 1)
     for w in world_sizes:
-        whole_number("a world size of the sweep", w, at_least=2,
-                     what=f"world_sizes {list(world_sizes)}: a collective needs 2 ranks or more")
+        whole_number(_("a world size of the sweep"), w, at_least=2,
+                     what=_("world_sizes {sizes}: a collective needs 2 ranks or more").format(
+                         sizes=list(world_sizes)))
     rows: list[SweepRow] = []
     for w in world_sizes:
         bad = [n for n in sizes if n < 4 * w or n % (4 * w)]
         if bad:
-            raise ValueError(f"sizes {bad} do not split into whole fp32 shares over {w} ranks")
+            raise ValueError(_("sizes {bad} do not split into whole fp32 shares over {w} "
+                               "ranks").format(bad=bad, w=w))
         res = launch(_sweep_in_rank, list(ops), list(sizes), warmup, repeats, world_size=w,
                      timeout=timeout, stream=False)
         rows.extend(res.values[0])
@@ -289,7 +294,8 @@ def fit_alpha_beta(rows: Iterable[Any], *, relative: bool = True) -> AlphaBeta:
     for row in rows:
         op, w, n, t = tuple(row)[:4]
         if not t > 0:
-            raise ValueError(f"measured time {t!r} for {op} of {n} bytes: times must be > 0")
+            raise ValueError(_("measured time {t!r} for {op} of {n} bytes: times must be "
+                               "> 0").format(t=t, op=op, n=n))
         ops.append(op)
         worlds.append(w)
         sizes.append(n)
@@ -298,8 +304,8 @@ def fit_alpha_beta(rows: Iterable[Any], *, relative: bool = True) -> AlphaBeta:
                            for op, w, n in zip(ops, worlds, sizes, strict=True)],
                           dtype=torch.float64)
     if len(times) < 2 or torch.linalg.matrix_rank(design) < 2:
-        raise ValueError("fit_alpha_beta needs at least two sizes (per message, the wire bytes "
-                         "must differ) to tell latency from bandwidth")
+        raise ValueError(_("fit_alpha_beta needs at least two sizes (per message, the wire "
+                           "bytes must differ) to tell latency from bandwidth"))
     t = torch.tensor(times, dtype=torch.float64)
     scale = design.abs().max(dim=0).values            # conditioning: columns of order 1
     weight = t if relative else torch.ones_like(t)
@@ -307,8 +313,8 @@ def fit_alpha_beta(rows: Iterable[Any], *, relative: bool = True) -> AlphaBeta:
                                   driver="gelsd").solution[:, 0] / scale
     alpha, inverse_beta = solution.tolist()
     if not inverse_beta > 0:
-        raise ValueError("the fitted time does not grow with size (1/beta <= 0): measure sizes "
-                         "further apart, or more repeats")
+        raise ValueError(_("the fitted time does not grow with size (1/beta <= 0): measure "
+                           "sizes further apart, or more repeats"))
     predicted = design @ solution
     return AlphaBeta(alpha, 1 / inverse_beta, tuple(((t - predicted) / t).tolist()))
 
@@ -323,7 +329,8 @@ def scaling(times: Mapping[int, float], *, weak: bool = False) -> dict[int, tupl
     same batch per rank). The speed-up is work per second against one rank; the efficiency is
     the time a perfect run would take (T(1) / N strong, T(1) weak) over the time measured."""
     if 1 not in times:
-        raise ValueError(f"scaling needs the 1-rank time as its baseline; got ranks {sorted(times)}")
+        raise ValueError(_("scaling needs the 1-rank time as its baseline; got ranks "
+                           "{ranks}").format(ranks=sorted(times)))
     t1 = times[1]
     return {n: ((n if weak else 1) * t1 / t, (t1 if weak else t1 / n) / t)
             for n, t in times.items()}

@@ -20,6 +20,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from dpmp_lab.i18n.messages import _
+
 
 def ring_neighbours(group: dist.ProcessGroup | None) -> tuple[int, int, int, int]:
     """(my index in the group, group size, global rank on my right, global rank on my left)."""
@@ -67,10 +69,10 @@ def ring_reduce_scatter(x: torch.Tensor, group: dist.ProcessGroup | None = None)
 def ring_all_gather(chunk: torch.Tensor, sizes: list[int],
                     group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """Concatenate every rank's 1-D chunk (rank order); sizes[i] = numel of rank i's chunk."""
-    me, n, _, _ = ring_neighbours(group)
+    me, n, _right, _left = ring_neighbours(group)   # not `_, _`: `_` says the message below
     if len(sizes) != n or sizes[me] != chunk.numel():
-        raise ValueError(f"sizes {sizes} do not fit {n} ranks with this rank's chunk of "
-                         f"{chunk.numel()} elements")
+        raise ValueError(_("sizes {sizes} do not fit {n} ranks with this rank's chunk of "
+                           "{numel} elements").format(sizes=sizes, n=n, numel=chunk.numel()))
     chunks: list[torch.Tensor | None] = [None] * n
     chunks[me] = chunk.detach().flatten().clone()
     for step in range(n - 1):
@@ -98,7 +100,8 @@ def all_reduce_by_halves(x: torch.Tensor, group: dist.ProcessGroup | None = None
     n = dist.get_world_size(group)
     flat = x.detach().flatten().contiguous()
     if flat.numel() % n:
-        raise ValueError(f"{flat.numel()} elements do not split evenly over {n} ranks: pad x")
+        raise ValueError(_("{numel} elements do not split evenly over {n} ranks: pad x").format(
+            numel=flat.numel(), n=n))
     part = flat.new_empty(flat.numel() // n)
     dist.reduce_scatter_single(part, flat, group=group)
     out = flat.new_empty(flat.numel())

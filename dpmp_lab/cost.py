@@ -34,7 +34,7 @@ def tensor_bytes(shape: Sequence[int] | int, dtype: torch.dtype = torch.float32)
 
 def _check_n(n: int) -> None:
     if n < 1:
-        raise ValueError(f"a group has at least 1 rank, not {n}")
+        raise ValueError(_("a group has at least 1 rank, not {n}").format(n=n))
 
 
 def ring_all_reduce_bytes(k: float, n: int) -> float:
@@ -200,11 +200,13 @@ def memory(n_params: float, *, dp: int = 1, tp: int = 1, pp: int = 1, zero: int 
     stage 1 the optimizer state, stage 2 also the gradients, stage 3 also the weights.
     """
     if precision not in _PRECISIONS:
-        raise ValueError(f"precision must be one of {', '.join(_PRECISIONS)}, not {precision!r}")
+        raise ValueError(_("precision must be one of {names}, not {precision!r}").format(
+            names=", ".join(_PRECISIONS), precision=precision))
     if zero not in (0, 1, 2, 3):
-        raise ValueError(f"ZeRO stages are 0 (off), 1, 2 and 3, not {zero}")
+        raise ValueError(_("ZeRO stages are 0 (off), 1, 2 and 3, not {zero}").format(zero=zero))
     for name, size in (("dp", dp), ("tp", tp), ("pp", pp)):
-        whole_number(name, size, what=f"{name} must be a whole number of ranks >= 1")
+        whole_number(name, size, what=_("{name} must be a whole number of ranks >= 1").format(
+            name=name))
     w, g, o = _PRECISIONS[precision]
     share = n_params / (tp * pp)
     return Memory(params=share * w / (dp if zero >= 3 else 1),
@@ -219,7 +221,8 @@ def fsdp_peak_param_bytes(n_params: float, dp: int, largest_unit: float, *,
     master dtype, plus `gathered` units held whole at once in the compute dtype (1 without
     prefetch, 2 with it). `memory(..., zero=3)` counts only the first term; the second is the
     price of computing with whole weights. Padding to a multiple of dp is left out."""
-    whole_number("dp", dp, what="dp must be a whole number of ranks >= 1")
+    whole_number("dp", dp, what=_("{name} must be a whole number of ranks >= 1").format(
+        name="dp"))
     compute = compute or master
     return n_params / dp * master.itemsize + gathered * largest_unit * compute.itemsize
 
@@ -262,13 +265,16 @@ def pp_bubble(schedule: str, p: int, m: int, v: int = 1, *, t_f: float = 1.0,
     key = schedule.lower().replace("-", "").replace("_", "") if isinstance(schedule, str) \
         else schedule
     if key not in _PIPELINE_SCHEDULES:
-        raise ValueError(f"pp_bubble knows {', '.join(_PIPELINE_SCHEDULES)}, not {schedule!r}")
+        raise ValueError(_("pp_bubble knows {names}, not {schedule!r}").format(
+            names=", ".join(_PIPELINE_SCHEDULES), schedule=schedule))
     for name, size in (("p", p), ("m", m), ("v", v), ("steps", steps)):
         whole_number(name, size)
     if relative_to not in ("step", "ideal"):
-        raise ValueError(f"relative_to is 'step' or 'ideal', not {relative_to!r}")
+        raise ValueError(_("relative_to is 'step' or 'ideal', not {value!r}").format(
+            value=relative_to))
     if v > 1 and key != "interleaved":
-        raise ValueError(f"v={v}: only the interleaved schedule runs virtual stages")
+        raise ValueError(_("v={v}: only the interleaved schedule runs virtual stages").format(
+            v=v))
     if key == "naive":
         idle, busy = (p - 1) * (t_f + t_b), t_f + t_b
     elif key in ("gpipe", "afab", "1f1b", "interleaved"):

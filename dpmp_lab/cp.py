@@ -48,12 +48,13 @@ from dpmp_lab._helpers import whole_number
 from dpmp_lab._torch_helpers import member_group
 from dpmp_lab._torch_helpers import tensor_arg as _check_tensor
 from dpmp_lab.collectives import start_ring_exchange
+from dpmp_lab.i18n.messages import N_, _
 
 SEQ_DIM = -2   # q, k, v: (batch, heads, sequence, head_dim)
 
 
 def _check_group(group: object) -> dist.ProcessGroup:
-    return member_group(group, "cp", "context-parallel", "dl.ProcessGrid(cp=...).cp_group")
+    return member_group(group, "cp", N_("context-parallel"), "dl.ProcessGrid(cp=...).cp_group")
 
 
 # -- which tokens a rank holds (pure arithmetic) ---------------------------------------------------
@@ -62,9 +63,10 @@ def _check_group(group: object) -> dist.ProcessGroup:
 def chunk_ids(cp: int, rank: int, zigzag: bool = False) -> list[int]:
     """The sequence chunks rank `rank` holds, in order: contiguous [rank] of cp chunks, or
     zig-zag [rank, 2 cp - 1 - rank] of 2 cp chunks."""
-    whole_number("cp", cp, what="a cp group has at least 1 rank")
+    whole_number("cp", cp, what=_("a cp group has at least 1 rank"))
     if not 0 <= rank < cp:
-        raise ValueError(f"rank {rank} is outside a cp group of {cp} ranks")
+        raise ValueError(_("rank {rank} is outside a cp group of {cp} ranks").format(
+            rank=rank, cp=cp))
     return [rank, 2 * cp - 1 - rank] if zigzag else [rank]
 
 
@@ -93,9 +95,10 @@ def attention_work(cp: int, zigzag: bool = False, causal: bool = True) -> list[i
 def _chunk_len(seq_len: int, cp: int, zigzag: bool) -> int:
     pieces = 2 * cp if zigzag else cp
     if seq_len % pieces:
-        raise ValueError(f"a sequence of {seq_len} tokens does not split into {pieces} equal "
-                         f"chunks ({'2 x ' if zigzag else ''}cp = {pieces}): choose a length "
-                         f"divisible by {pieces}")
+        raise ValueError(_("a sequence of {seq_len} tokens does not split into {pieces} equal "
+                           "chunks ({twice}cp = {pieces}): choose a length divisible by "
+                           "{pieces}").format(seq_len=seq_len, pieces=pieces,
+                                              twice="2 x " if zigzag else ""))
     return seq_len // pieces
 
 
@@ -310,15 +313,15 @@ def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: object,
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_tensor(t, name)
         if t.dim() != 4:
-            raise ValueError(f"{name} must be (batch, heads, sequence, head_dim), got shape "
-                             f"{tuple(t.shape)}")
+            raise ValueError(_("{name} must be (batch, heads, sequence, head_dim), got shape "
+                               "{shape}").format(name=name, shape=tuple(t.shape)))
     if not q.shape == k.shape == v.shape:
-        raise ValueError(f"q, k and v must have one shape, got {tuple(q.shape)}, "
-                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+        raise ValueError(_("q, k and v must have one shape, got {q}, {k}, {v}").format(
+            q=tuple(q.shape), k=tuple(k.shape), v=tuple(v.shape)))
     group = _check_group(group)
     if zigzag and q.shape[SEQ_DIM] % 2:
-        raise ValueError(f"a zig-zag part holds two equal chunks, so its length must be even, "
-                         f"not {q.shape[SEQ_DIM]}")
+        raise ValueError(_("a zig-zag part holds two equal chunks, so its length must be "
+                           "even, not {length}").format(length=q.shape[SEQ_DIM]))
     return group
 
 

@@ -87,8 +87,7 @@ class Footprint:
                 self._handles.append(mod.register_forward_pre_hook(
                     lambda m, a, label=label: self.mark(f"{label} forward begins")))
                 self._handles.append(mod.register_forward_hook(
-                    lambda m, a, o, label=label: self.mark(f"{label} forward ends"),
-                    prepend=True))
+                    lambda m, a, o, label=label: self.mark(f"{label} forward ends"), prepend=True))
         for name, p in self._model.named_parameters():
             if p.requires_grad:
                 self._handles.append(p.register_post_accumulate_grad_hook(
@@ -112,7 +111,8 @@ class Footprint:
     def peak(self, kind: str = "total") -> int:
         """The largest number of bytes of one kind ("params", "grads", "optimizer", "total")."""
         if kind not in (*MEMORY_KINDS, "total"):
-            raise ValueError(f"kind must be one of {', '.join(MEMORY_KINDS)} or 'total', not {kind!r}")
+            raise ValueError(_("kind must be one of {kinds} or 'total', not {kind!r}").format(
+                kinds=", ".join(MEMORY_KINDS), kind=kind))
         return max(getattr(s, kind) for s in self.samples)
 
     def table(self) -> Table:
@@ -129,7 +129,8 @@ class Footprint:
 def record(model: nn.Module, optimizer: Any = None) -> Footprint:
     """Sample `model`'s (and `optimizer`'s) memory at each moment of what runs inside."""
     if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be an nn.Module, not {type(model).__name__}")
+        raise TypeError(_("model must be an nn.Module, not {kind}").format(
+            kind=type(model).__name__))
     return Footprint(model, optimizer)
 
 
@@ -175,13 +176,14 @@ class Held:
     def mark(self, moment: str) -> None:
         """The bytes held now, kept under the name `moment` (and which storages they are)."""
         if not isinstance(moment, str) or moment in self.marks:
-            raise ValueError(f"a mark is a new name, not {moment!r}")
+            raise ValueError(_("a mark is a new name, not {moment!r}").format(moment=moment))
         self.storages[moment] = self._held_now()
         self.marks[moment] = sum(self.storages[moment].values())
 
     def at(self, moment: str) -> int:
         if moment not in self.marks:
-            raise KeyError(f"no mark {moment!r}; the marks are {list(self.marks)}")
+            raise KeyError(_("no mark {moment!r}; the marks are {marks}").format(
+                moment=moment, marks=list(self.marks)))
         return self.marks[moment]
 
     def now(self) -> int:
@@ -219,8 +221,7 @@ class Reads(TorchDispatchMode):
         super().__init__()
         self.storages: dict[int, int] = {}
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
-                           kwargs: Any = None) -> Any:
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         for t in tree_leaves((args, kwargs or {})):
             if isinstance(t, torch.Tensor) and t.layout == torch.strided:
                 st = t.untyped_storage()
@@ -245,8 +246,7 @@ class Made(TorchDispatchMode):
             if known is None or known[1].expired():
                 self._refs[st.data_ptr()] = (st.nbytes(), StorageWeakRef(st))
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
-                           kwargs: Any = None) -> Any:
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out, kwargs = func(*args, **(kwargs or {})), kwargs or {}
         given = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs))
                  if isinstance(t, torch.Tensor) and t.layout == torch.strided}

@@ -41,6 +41,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from dpmp_lab._helpers import whole_number
 from dpmp_lab._torch_helpers import group_ready
+from dpmp_lab.i18n.messages import _
 from dpmp_lab.trace import name_group
 
 __all__ = ["Coords", "GROUPS", "GridLayout", "KINDS", "ProcessGrid"]
@@ -72,10 +73,11 @@ class GridLayout:
     def __post_init__(self) -> None:
         for kind in GROUPS:
             whole_number(kind, getattr(self, kind),
-                         what="every grid dimension needs at least 1 rank")
+                         what=_("every grid dimension needs at least 1 rank"))
         if self.dp % self.ep:
-            raise ValueError(f"ep={self.ep} must divide dp={self.dp}: the expert-parallel "
-                             "ranks are carved out of the data-parallel group")
+            raise ValueError(_("ep={ep} must divide dp={dp}: the expert-parallel ranks are "
+                               "carved out of the data-parallel group").format(
+                ep=self.ep, dp=self.dp))
 
     @property
     def world_size(self) -> int:
@@ -85,14 +87,17 @@ class GridLayout:
         """The global rank at grid place (pp, dp, cp, tp)."""
         for kind, value in (("pp", pp), ("dp", dp), ("tp", tp), ("cp", cp)):
             if not 0 <= value < getattr(self, kind):
-                raise ValueError(f"{kind}={value} is outside this grid ({kind} has "
-                                 f"{getattr(self, kind)} ranks: 0..{getattr(self, kind) - 1})")
+                raise ValueError(_("{kind}={value} is outside this grid ({kind} has {n} ranks: "
+                                   "0..{last})").format(kind=kind, value=value,
+                                                        n=getattr(self, kind),
+                                                        last=getattr(self, kind) - 1))
         return ((pp * self.dp + dp) * self.cp + cp) * self.tp + tp
 
     def coords(self, rank: int) -> Coords:
         """(pp, dp, cp, tp) of a global rank."""
         if not 0 <= rank < self.world_size:
-            raise ValueError(f"rank {rank} is outside this grid of {self.world_size} ranks")
+            raise ValueError(_("rank {rank} is outside this grid of {n} ranks").format(
+                rank=rank, n=self.world_size))
         return Coords(pp=rank // (self.dp * self.cp * self.tp),
                       dp=rank // (self.cp * self.tp) % self.dp, tp=rank % self.tp,
                       cp=rank // self.tp % self.cp)
@@ -186,17 +191,20 @@ class ProcessGrid:
                  device_type: str | None = None):
         self.layout = GridLayout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
         if not group_ready():
-            raise RuntimeError(
+            extra = f", cp={cp}, ep={ep}" if cp > 1 or ep > 1 else ""
+            raise RuntimeError(_(
                 "ProcessGrid creates process groups, so it must run inside a rank (a function "
                 "started by dl.launch or a %%distributed cell). To look at a layout in the "
-                f"notebook, use dl.viz.grid(dp={dp}, tp={tp}, pp={pp}"
-                + (f", cp={cp}, ep={ep})." if cp > 1 or ep > 1 else ")."))
+                "notebook, use dl.viz.grid(dp={dp}, tp={tp}, pp={pp}{extra}).").format(
+                    dp=dp, tp=tp, pp=pp, extra=extra))
         world = dist.get_world_size()
         if self.layout.world_size != world:
+            axes = "dp * tp * pp" + (" * cp" if cp > 1 else "")
             sizes = f"{dp} * {tp} * {pp}" + (f" * {cp}" if cp > 1 else "")
-            raise ValueError(
-                f"dp * tp * pp{' * cp' if cp > 1 else ''} = {sizes} = {self.layout.world_size}, "
-                f"but the world has {world} ranks: the grid must use every rank exactly once")
+            raise ValueError(_(
+                "{axes} = {sizes} = {n}, but the world has {world} ranks: the grid must use "
+                "every rank exactly once").format(axes=axes, sizes=sizes,
+                                                  n=self.layout.world_size, world=world))
         if device_type is None:
             # "nccl" or torch's combined "cpu:gloo,cuda:nccl": the ranks compute on GPUs
             device_type = "cuda" if "nccl" in str(dist.get_backend()) else "cpu"
@@ -246,7 +254,8 @@ class ProcessGrid:
 
 def _check_kind(kind: str) -> None:
     if kind not in GROUPS:
-        raise ValueError(f"group kind must be one of {', '.join(GROUPS)}, not {kind!r}")
+        raise ValueError(_("group kind must be one of {kinds}, not {kind!r}").format(
+            kinds=", ".join(GROUPS), kind=kind))
 
 
 def _tuple(ranks: tuple[int, ...]) -> str:

@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dpmp_lab.i18n.messages import _
+
 
 @contextlib.contextmanager
 def seeded(seed: int) -> Iterator[None]:
@@ -93,8 +95,8 @@ class GPTConfig:
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_heads:
-            raise ValueError(f"d_model={self.d_model} is not divisible by n_heads="
-                             f"{self.n_heads}")
+            raise ValueError(_("d_model={d_model} is not divisible by n_heads={n_heads}").format(
+                d_model=self.d_model, n_heads=self.n_heads))
 
 
 class CausalSelfAttention(nn.Module):
@@ -233,7 +235,8 @@ def shard_range(n: int, rank: int, world: int) -> range:
     n % world ranks get one more), the same split as torch.tensor_split.
     """
     if world < 1 or not 0 <= rank < world:
-        raise ValueError(f"rank {rank} is not in a world of {world}")
+        raise ValueError(_("rank {rank} is not in a world of {world}").format(
+            rank=rank, world=world))
     base, extra = divmod(n, world)
     start = rank * base + min(rank, extra)
     return range(start, start + base + (1 if rank < extra else 0))
@@ -248,9 +251,9 @@ def shard_batch(batch: torch.Tensor, rank: int, world: int, *, even: bool = True
     """
     n = batch.shape[0]
     if even and n % world:
-        raise ValueError(f"a batch of {n} does not split evenly over {world} ranks: the mean "
-                         "of per-rank means would not be the full-batch mean (use a batch "
-                         f"divisible by {world}, or even=False)")
+        raise ValueError(_("a batch of {n} does not split evenly over {world} ranks: the mean "
+                           "of per-rank means would not be the full-batch mean (use a batch "
+                           "divisible by {world}, or even=False)").format(n=n, world=world))
     r = shard_range(n, rank, world)
     return batch[r.start:r.stop]
 

@@ -42,6 +42,7 @@ from torch import nn
 
 from dpmp_lab._helpers import whole_number
 from dpmp_lab._torch_helpers import member_group
+from dpmp_lab.i18n.messages import N_, _
 
 
 class Routing(NamedTuple):
@@ -137,16 +138,19 @@ class MoE(nn.Module):
                             ("top_k", top_k)):
             whole_number(name, value)
         if top_k > n_experts:
-            raise ValueError(f"top_k={top_k} is more than the {n_experts} experts")
+            raise ValueError(_("top_k={top_k} is more than the {n} experts").format(
+                top_k=top_k, n=n_experts))
         if not capacity_factor > 0:
-            raise ValueError(f"capacity_factor must be > 0, not {capacity_factor}")
+            raise ValueError(_("capacity_factor must be > 0, not {value}").format(
+                value=capacity_factor))
         self.ep = 1
         if ep_group is not None:
-            member_group(ep_group, "ep", "expert-parallel", "dl.ProcessGrid(ep=...).ep_group")
+            member_group(ep_group, "ep", N_("expert-parallel"), "dl.ProcessGrid(ep=...).ep_group")
             self.ep = dist.get_world_size(ep_group)
             if n_experts % self.ep:
-                raise ValueError(f"{n_experts} experts do not split evenly over ep = {self.ep} "
-                                 "ranks: choose a number of experts divisible by ep")
+                raise ValueError(_("{n} experts do not split evenly over ep = {ep} ranks: "
+                                   "choose a number of experts divisible by ep").format(
+                    n=n_experts, ep=self.ep))
         self.d_model, self.d_ff, self.n_experts, self.top_k = d_model, d_ff, n_experts, top_k
         self.capacity_factor, self.ep_group = capacity_factor, ep_group
         self.n_local = n_experts // self.ep
@@ -171,7 +175,7 @@ class MoE(nn.Module):
     def from_dense(cls, dense: MoE, ep_group: dist.ProcessGroup) -> MoE:
         """This rank's experts of a one-process MoE (and a copy of its router)."""
         if not isinstance(dense, MoE) or dense.ep_group is not None:
-            raise TypeError("MoE.from_dense takes a MoE holding every expert (no ep_group)")
+            raise TypeError(_("MoE.from_dense takes a MoE holding every expert (no ep_group)"))
         layer = cls(dense.d_model, dense.d_ff, dense.n_experts, dense.top_k,
                     dense.capacity_factor, ep_group, device=dense.w1.device,
                     dtype=dense.w1.dtype)
@@ -188,8 +192,8 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if x.shape[-1] != self.d_model:
-            raise ValueError(f"x's last dim must be d_model = {self.d_model}, got shape "
-                             f"{tuple(x.shape)}")
+            raise ValueError(_("x's last dim must be d_model = {d_model}, got shape "
+                               "{shape}").format(d_model=self.d_model, shape=tuple(x.shape)))
         flat = x.reshape(-1, self.d_model)
         probs = torch.softmax(self.router(flat), dim=-1)
         r = route(probs, self.top_k, self.capacity_factor)

@@ -303,10 +303,12 @@ def traces_of(obj: Any) -> list[Trace]:
         return [obj]
     traces = getattr(obj, "traces", obj)
     if traces is None or isinstance(traces, (str, bytes)) or not isinstance(traces, Iterable):
-        raise ValueError("no traces: launch with trace=True (or record with `with dl.trace()`)")
+        raise ValueError(_("no traces: launch with trace=True (or record with `with "
+                           "dl.trace()`)"))
     traces = list(traces)
     if not traces or not all(isinstance(t, Trace) for t in traces):
-        raise ValueError("no traces: launch with trace=True (or record with `with dl.trace()`)")
+        raise ValueError(_("no traces: launch with trace=True (or record with `with "
+                           "dl.trace()`)"))
     return traces
 
 
@@ -317,9 +319,11 @@ def matcher(op: str | None, group: Any, phase: str | None) -> Callable[[CommEven
     """The test `Trace.select` applies: does an event match op, group and phase (None: any)?
     Checks the names at once, so a typo fails where it was written."""
     if op is not None and op not in OPS:
-        raise ValueError(f"unknown op {op!r}{_did_you_mean(op)}; ops are: {', '.join(OPS)}")
+        raise ValueError(_("unknown op {op!r}{guess}; ops are: {ops}").format(
+            op=op, guess=_did_you_mean(op), ops=", ".join(OPS)))
     if phase is not None and phase not in ("forward", "backward", "none"):
-        raise ValueError(f"phase must be 'forward', 'backward' or 'none', not {phase!r}")
+        raise ValueError(_("phase must be 'forward', 'backward' or 'none', not {phase!r}").format(
+            phase=phase))
     want_phase = None if phase == "none" else phase
     group_test = _group_test(group)
 
@@ -340,15 +344,15 @@ def _group_test(group: Any):
     if isinstance(group, Iterable):
         ranks = tuple(sorted(int(r) for r in group))
         return lambda ev: ev.group == ranks
-    raise TypeError(f"group must be a name like 'tp', a tuple of ranks or a ProcessGroup, "
-                    f"not {type(group).__name__}")
+    raise TypeError(_("group must be a name like 'tp', a tuple of ranks or a ProcessGroup, "
+                      "not {kind}").format(kind=type(group).__name__))
 
 
 def _did_you_mean(op: str) -> str:
     squashed = op.replace("_", "").replace("-", "").lower()
     for known in OPS:
         if known.replace("_", "") == squashed.rstrip("s"):
-            return f" (did you mean {known!r}?)"
+            return _(" (did you mean {known!r}?)").format(known=known)
     return ""
 
 
@@ -584,17 +588,18 @@ def _refuse_peer_outside_group(name: str, schema_args: list[str], args: tuple,
     """A send, recv, broadcast, reduce, gather or scatter whose peer is not a rank of its group
     never completes on gloo (it waits for a rank that does not exist): say so at once, while a
     rank is watched (every rank dl.launch starts is)."""
-    op, _, peer_arg = _C10D_OPS[name]
+    op, _payload, peer_arg = _C10D_OPS[name]
     if peer_arg is None or peer_arg not in schema_args or "process_group" not in schema_args:
         return
     peer = _call_arg(name, schema_args, args, kwargs, peer_arg)
     size = _unbox(_call_arg(name, schema_args, args, kwargs, "process_group")).size()
     if isinstance(peer, int) and not 0 <= peer < size:
-        role = {"send": "destination", "recv": "source"}.get(op, "root")
-        raise ValueError(
-            f"{op} with {role} rank {peer} in a group of {size} ranks (0 to {size - 1}): there "
-            "is no such rank, so the call would wait for it forever. The first and the last "
-            "rank of a chain have one neighbour only. [hint: comm.peer_outside_group]")
+        role = {"send": _("destination"), "recv": _("source")}.get(op, _("root"))
+        raise ValueError(_(
+            "{op} with {role} rank {peer} in a group of {size} ranks (0 to {last}): there is no "
+            "such rank, so the call would wait for it forever. The first and the last rank of a "
+            "chain have one neighbour only. [hint: comm.peer_outside_group]").format(
+                op=op, role=role, peer=peer, size=size, last=size - 1))
 
 
 def _phase(tensors: list[torch.Tensor]) -> str | None:

@@ -89,7 +89,7 @@ class DataParallel(nn.Module):
             raise ValueError(_("the module has no trainable parameters (none requires "
                                "grad): there are no gradients to average"))
         states = [p for name, p in named] + list(module.buffers())
-        check_same_everywhere(states, self.group, "models")
+        check_same_everywhere(states, self.group, _("models"))
         self._broadcast(states)
 
         self._params = [p for name, p in trainable]
@@ -239,8 +239,8 @@ class DataParallel(nn.Module):
             if p.grad is None:          # not used on this rank this step: contributes zeros
                 view.zero_()
             elif p.grad.layout != torch.strided:
-                raise TypeError(f"parameter {name!r} has a sparse gradient; DataParallel "
-                                "averages dense gradients only")
+                raise TypeError(_("parameter {name!r} has a sparse gradient; DataParallel "
+                                  "averages dense gradients only").format(name=name))
             else:
                 view.copy_(p.grad)
 
@@ -259,14 +259,17 @@ class DataParallel(nn.Module):
 def _check_options(module: Any, bucket_mb: Any, overlap: Any) -> None:
     """DataParallel's arguments refused with what they should be, before any communication."""
     if not isinstance(module, nn.Module):
-        raise TypeError(f"DataParallel wraps an nn.Module, not {type(module).__name__}")
+        raise TypeError(_("DataParallel wraps an nn.Module, not {kind}").format(
+            kind=type(module).__name__))
     if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float)):
-        raise TypeError(f"bucket_mb must be a number of MiB, not {bucket_mb!r}")
+        raise TypeError(_("bucket_mb must be a number of MiB, not {value!r}").format(
+            value=bucket_mb))
     if not bucket_mb >= 0 or math.isinf(bucket_mb):
-        raise ValueError(f"bucket_mb={bucket_mb}: a bucket size must be a finite number "
-                         "of MiB >= 0 (0 means one all-reduce per parameter tensor)")
+        raise ValueError(_("bucket_mb={value}: a bucket size must be a finite number of MiB "
+                           ">= 0 (0 means one all-reduce per parameter tensor)").format(
+            value=bucket_mb))
     if not isinstance(overlap, bool):
-        raise TypeError(f"overlap must be True or False, not {overlap!r}")
+        raise TypeError(_("overlap must be True or False, not {value!r}").format(value=overlap))
 
 
 def _hook(wrapper: weakref.ref, index: int) -> Callable[[torch.Tensor], None]:

@@ -13,6 +13,8 @@ import zlib
 import torch
 import torch.distributed as dist
 
+from dpmp_lab.i18n.messages import _
+
 __all__ = ["check_same_everywhere", "first_rank"]
 
 
@@ -39,11 +41,13 @@ def check_same_everywhere(tensors: list[torch.Tensor], group: dist.ProcessGroup,
     ranks = dist.get_process_group_ranks(group)
     odd = [(ranks[i], row) for i, row in enumerate(rows) if row != rows[0]]
     if odd:
-        seen = "; ".join(f"rank {r} has {row[0]} tensors with {row[1]} elements"
-                         + (" but other shapes, dtypes or requires_grad" if row[:2] == rows[0][:2]
-                            else "") for r, row in odd)
-        raise ValueError(
-            f"the ranks hold different {what}: rank {ranks[0]} has {rows[0][0]} tensors with "
-            f"{rows[0][1]} elements; {seen}. Data parallelism needs the same model on every "
-            "rank of the group: build it with the same shapes, dtypes and requires_grad "
-            "everywhere (only the values may differ).")
+        seen = "; ".join((_("rank {rank} has {n} tensors with {size} elements but other "
+                            "shapes, dtypes or requires_grad") if row[:2] == rows[0][:2] else
+                          _("rank {rank} has {n} tensors with {size} elements")).format(
+            rank=r, n=row[0], size=row[1]) for r, row in odd)
+        raise ValueError(_(
+            "the ranks hold different {what}: rank {rank} has {n} tensors with {size} "
+            "elements; {seen}. Data parallelism needs the same model on every rank of the "
+            "group: build it with the same shapes, dtypes and requires_grad everywhere (only "
+            "the values may differ).").format(
+                what=what, rank=ranks[0], n=rows[0][0], size=rows[0][1], seen=seen))

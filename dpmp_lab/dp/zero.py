@@ -27,6 +27,7 @@ from torch import nn
 from dpmp_lab._torch_helpers import resolve_group
 from dpmp_lab.dp.flat import padded_flat, shard_size
 from dpmp_lab.dp.replicas import check_same_everywhere, first_rank
+from dpmp_lab.i18n.messages import _
 
 __all__ = ["ShardedOptimizer", "ZeRO1Optimizer", "ZeRO2Optimizer"]
 
@@ -45,9 +46,9 @@ def ShardedOptimizer(params: Iterable[torch.Tensor],  # noqa: N802 - the name no
     optimizer_kwargs: passed on, e.g. lr=1e-3, weight_decay=0.01.
     """
     if stage not in (1, 2):
-        raise ValueError(f"stage must be 1 (optimizer state sharded) or 2 (gradients too); "
-                         f"got {stage!r}. Stage 3 shards the parameters: "
-                         "dpmp_lab.fsdp.FullyShardedDataParallel")
+        raise ValueError(_("stage must be 1 (optimizer state sharded) or 2 (gradients too); "
+                           "got {stage!r}. Stage 3 shards the parameters: "
+                           "dpmp_lab.fsdp.FullyShardedDataParallel").format(stage=stage))
     cls = ZeRO1Optimizer if stage == 1 else ZeRO2Optimizer
     return cls(params, optimizer_cls, group, **optimizer_kwargs)
 
@@ -64,28 +65,31 @@ class _Sharded:
                  group: dist.ProcessGroup | None = None, **optimizer_kwargs: Any):
         if not (isinstance(optimizer_cls, type) and issubclass(optimizer_cls,
                                                                torch.optim.Optimizer)):
-            raise TypeError(f"optimizer_cls must be a torch.optim.Optimizer class such as "
-                            f"torch.optim.AdamW, not {optimizer_cls!r}")
+            raise TypeError(_("optimizer_cls must be a torch.optim.Optimizer class such as "
+                              "torch.optim.AdamW, not {cls!r}").format(cls=optimizer_cls))
         if isinstance(params, torch.Tensor):
-            raise TypeError("params must be an iterable of tensors, e.g. model.parameters()")
+            raise TypeError(_("params must be an iterable of tensors, e.g. "
+                              "model.parameters()"))
         params = list(params)
         for p in params:
             if not isinstance(p, torch.Tensor):
-                raise TypeError(f"params must be tensors (e.g. model.parameters()); got a "
-                                f"{type(p).__name__} (parameter groups are not supported)")
+                raise TypeError(_("params must be tensors (e.g. model.parameters()); got a "
+                                  "{kind} (parameter groups are not supported)").format(
+                    kind=type(p).__name__))
         self.group = resolve_group(group, "ShardedOptimizer")
         self.group_size = dist.get_world_size(self.group)
         self.group_rank = dist.get_rank(self.group)
         unique = list({id(p): p for p in params}.values())      # a tied parameter once
         self.params = [p for p in unique if p.requires_grad]
         if not self.params:
-            raise ValueError("ShardedOptimizer got no trainable parameters (none requires "
-                             "grad): there is nothing to optimize")
+            raise ValueError(_("ShardedOptimizer got no trainable parameters (none requires "
+                               "grad): there is nothing to optimize"))
         kinds = {(p.dtype, p.device) for p in self.params}
         if len(kinds) > 1:
-            raise TypeError(f"all parameters must share one dtype and device to be flattened "
-                            f"into one buffer; got {sorted(str(k) for k in kinds)}")
-        check_same_everywhere(self.params, self.group, "parameters")
+            raise TypeError(_("all parameters must share one dtype and device to be flattened "
+                              "into one buffer; got {kinds}").format(
+                kinds=sorted(str(k) for k in kinds)))
+        check_same_everywhere(self.params, self.group, _("parameters"))
         self.numel = sum(p.numel() for p in self.params)
         self.shard_size = shard_size(self.numel, self.group_size)
         flat = padded_flat(self.params, self.group_size)
@@ -280,9 +284,10 @@ class ZeRO2Optimizer(_Sharded):
     def _step(self) -> None:
         missing = [i for i in range(len(self.params)) if i not in self._reduced]
         if missing and len(missing) < len(self.params):
-            raise RuntimeError(f"stage 2: {len(missing)} trainable parameters got no gradient "
-                               "in backward, so their reduce-scatter never ran; use every "
-                               "parameter in the loss (or freeze it), or stage=1")
+            raise RuntimeError(_("stage 2: {n} trainable parameters got no gradient in "
+                                 "backward, so their reduce-scatter never ran; use every "
+                                 "parameter in the loss (or freeze it), or stage=1").format(
+                n=len(missing)))
         grads = self._shard_grad
         for chunk, o, c in zip(self.shard_chunks, self.chunk_offsets, self.chunks, strict=True):
             chunk.grad = None if grads is None else grads[o:o + c]

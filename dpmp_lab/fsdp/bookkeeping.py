@@ -15,6 +15,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dpmp_lab.dp.replicas import first_rank
+from dpmp_lab.i18n.messages import _
 
 if TYPE_CHECKING:
     from dpmp_lab.fsdp.fully_sharded import Unit
@@ -42,19 +43,21 @@ def check_arguments(module: nn.Module, compute_dtype: torch.dtype | None,
                     reduce_dtype: torch.dtype | None) -> None:
     """Refuse a module that is not one and a dtype that is not floating, before any collective."""
     if not isinstance(module, nn.Module):
-        raise TypeError(f"module must be an nn.Module, not {type(module).__name__}")
+        raise TypeError(_("module must be an nn.Module, not {kind}").format(
+            kind=type(module).__name__))
     for what, dt in (("compute_dtype", compute_dtype), ("reduce_dtype", reduce_dtype)):
         if dt is not None and (not isinstance(dt, torch.dtype) or not dt.is_floating_point):
-            raise TypeError(f"{what} must be a floating torch.dtype such as torch.bfloat16 "
-                            f"or None, not {dt!r}")
+            raise TypeError(_("{what} must be a floating torch.dtype such as torch.bfloat16 "
+                              "or None, not {dtype!r}").format(what=what, dtype=dt))
 
 
 def check_flattenable(name: str, params: list[tuple[str, nn.Parameter]]) -> nn.Parameter:
     """The unit's first parameter, once all of them share the dtype and device one vector has."""
     kinds = {(p.dtype, p.device) for _, p in params}
     if len(kinds) > 1:
-        raise TypeError(f"unit {name!r}: its parameters must share one dtype and device to "
-                        f"be flattened; got {sorted(str(k) for k in kinds)}")
+        raise TypeError(_("unit {name!r}: its parameters must share one dtype and device to "
+                          "be flattened; got {kinds}").format(
+            name=name, kinds=sorted(str(k) for k in kinds)))
     return params[0][1]
 
 
@@ -148,17 +151,18 @@ def _resolve_units(module: nn.Module, units: Iterable[str | nn.Module] | None) -
         for u in units:
             if isinstance(u, nn.Module):
                 if u not in names:
-                    raise ValueError(f"unit {type(u).__name__} is not a sub-module of the "
-                                     "wrapped module")
+                    raise ValueError(_("unit {kind} is not a sub-module of the wrapped "
+                                       "module").format(kind=type(u).__name__))
                 chosen.append(names[u])
             elif isinstance(u, str):
                 if u not in names.values():
-                    known = ", ".join(repr(n) for n in names.values() if n) or "none"
-                    raise ValueError(f"no sub-module named {u!r}; sub-modules are: {known}")
+                    known = ", ".join(repr(n) for n in names.values() if n) or _("none")
+                    raise ValueError(_("no sub-module named {name!r}; sub-modules are: "
+                                       "{known}").format(name=u, known=known))
                 chosen.append(u)
             else:
-                raise TypeError(f"units must be sub-module names or modules, not "
-                                f"{type(u).__name__}")
+                raise TypeError(_("units must be sub-module names or modules, not "
+                                  "{kind}").format(kind=type(u).__name__))
     return list(dict.fromkeys(chosen))
 
 
@@ -257,7 +261,8 @@ class UnitReports:
         for u in self.flat_units:
             if u.name == name:
                 return [n for n, _, _ in u.layout]
-        raise KeyError(f"no unit named {name!r}; units are {self.units}")
+        raise KeyError(_("no unit named {name!r}; units are {units}").format(
+            name=name, units=self.units))
 
     @torch.no_grad()
     def full_parameters(self) -> dict[str, torch.Tensor]:

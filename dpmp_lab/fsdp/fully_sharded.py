@@ -17,6 +17,7 @@ from dpmp_lab._torch_helpers import resolve_group, tensors_in
 from dpmp_lab.dp.flat import padded_flat, shard_size
 from dpmp_lab.dp.replicas import check_same_everywhere, first_rank
 from dpmp_lab.fsdp import bookkeeping
+from dpmp_lab.i18n.messages import _
 
 
 class Unit:
@@ -33,7 +34,7 @@ class Unit:
         self.reduce_dtype = reduce_dtype or first.dtype
         self.offsets: dict[int, int] = {}           # id(parameter) -> offset in the flat vector
         self.numel = 0
-        for _, p in params:
+        for _name, p in params:
             self.offsets[id(p)] = self.numel
             self.numel += p.numel()
         self.layout = [(n, self.offsets[id(p)], p.shape) for n, p in params]
@@ -152,7 +153,8 @@ class FullyShardedDataParallel(bookkeeping.UnitReports, nn.Module):
         self.prefetch = bool(prefetch)
         self.compute_dtype = compute_dtype
         self.names = bookkeeping.parameter_names(module)     # id -> first (qualified) name
-        check_same_everywhere(list(bookkeeping.unique_params(module)), self.group, "parameters")
+        check_same_everywhere(list(bookkeeping.unique_params(module)), self.group,
+                              _("parameters"))
         self.flat_units = [Unit(name, module.get_submodule(name), params, self.group,
                                 compute_dtype, reduce_dtype)
                            for name, params in bookkeeping.unit_parameters(module, units,

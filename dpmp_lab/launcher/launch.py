@@ -182,11 +182,12 @@ def launch(
         os._exit(UNGUARDED_EXIT)
     if fn_kwargs is not None:
         if not isinstance(fn_kwargs, Mapping) or not all(isinstance(k, str) for k in fn_kwargs):
-            raise TypeError(f"fn_kwargs must map names to values, got {short_repr(fn_kwargs)}")
+            raise TypeError(_("fn_kwargs must map names to values, got {value}").format(
+                value=short_repr(fn_kwargs)))
         both = sorted(set(fn_kwargs) & set(kwargs))
         if both:
-            raise TypeError(f"launch() got {', '.join(both)} both as a keyword argument and in "
-                            "fn_kwargs: give each once")
+            raise TypeError(_("launch() got {names} both as a keyword argument and in "
+                              "fn_kwargs: give each once").format(names=", ".join(both)))
         kwargs = {**kwargs, **fn_kwargs}
     if _route is not None:
         options = {"world_size": world_size, "backend": backend, "timeout": timeout,
@@ -292,14 +293,17 @@ def _check_request(fn, world_size, backend, timeout, start_method, env, threads,
                    pg_timeout, device_audit=None, max_result_bytes=MAX_RESULT_BYTES,
                    debug=False) -> Request:
     if not callable(fn):
-        raise TypeError(f"launch() needs a function to run on every rank, got {type(fn).__name__}")
+        raise TypeError(_("launch() needs a function to run on every rank, got {kind}").format(
+            kind=type(fn).__name__))
     whole_number("world_size", world_size)
     if start_method not in START_METHODS:
-        raise ValueError(f"start_method must be one of {START_METHODS}, got {start_method!r}")
+        raise ValueError(_("start_method must be one of {methods}, got {method!r}").format(
+            methods=START_METHODS, method=start_method))
     if start_method not in mp.get_all_start_methods():
-        raise ValueError(f"start_method {start_method!r} is not available on {sys.platform}")
+        raise ValueError(_("start_method {method!r} is not available on {platform}").format(
+            method=start_method, platform=sys.platform))
     if sys.platform == "win32":
-        raise RuntimeError("dl.launch runs on Linux and macOS; on Windows use WSL2.")
+        raise RuntimeError(_("dl.launch runs on Linux and macOS; on Windows use WSL2."))
     if start_method != "fork" and _main_without_a_file():
         raise RuntimeError(_(
             "this script was read from {source}, and every rank started with "
@@ -315,25 +319,27 @@ def _check_request(fn, world_size, backend, timeout, start_method, env, threads,
     env = dict(env or {})
     for key, value in env.items():
         if not isinstance(key, str) or not isinstance(value, str):
-            raise TypeError(f"env must map str to str, got {key!r}: {value!r}")
+            raise TypeError(_("env must map str to str, got {key!r}: {value!r}").format(
+                key=key, value=value))
     if not isinstance(debug, bool):
-        raise TypeError(f"debug must be True or False, got {debug!r}")
+        raise TypeError(_("debug must be True or False, got {debug!r}").format(debug=debug))
     if debug:
         env[DEBUG_ENV] = "DETAIL"
     if not dist.is_available():
-        raise RuntimeError("this torch build has no torch.distributed support")
+        raise RuntimeError(_("this torch build has no torch.distributed support"))
     if dist.is_initialized():
         raise RuntimeError(_(
             "a default process group is already initialised in this process (a cell called "
             "dist.init_process_group?). launch() starts its own ranks, each with its own group: "
             "call dist.destroy_process_group() here first."))
     if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        raise ValueError(_("backend must be one of {backends}, got {backend!r}").format(
+            backends=BACKENDS, backend=backend))
     if device_audit is None:
         device_audit = audit_requested()
     if device_audit and backend == "nccl":
-        raise ValueError("the device audit runs on the CPU with gloo (cpu:0 stands in for the "
-                         "GPU): launch with backend='auto' or 'gloo' to audit")
+        raise ValueError(_("the device audit runs on the CPU with gloo (cpu:0 stands in for the "
+                           "GPU): launch with backend='auto' or 'gloo' to audit"))
     return Request(
         world_size=world_size,
         backend="gloo" if device_audit else _resolve_backend(backend, world_size),
@@ -355,7 +361,7 @@ def _resolve_backend(backend: str, world_size: int) -> str:
     if backend == "auto":
         return "nccl" if enough else "gloo"
     if not dist.is_nccl_available():
-        raise ValueError("backend='nccl' was asked for, but this torch build has no NCCL")
+        raise ValueError(_("backend='nccl' was asked for, but this torch build has no NCCL"))
     if not enough:
         raise ValueError(_(
             "backend='nccl' needs one GPU per rank: world_size={world_size}, but {gpus} "

@@ -49,13 +49,15 @@ def split_pieces(pieces: Sequence[nn.Module], n_stages: int,
     land in the original model.
     """
     pieces = list(pieces)
-    whole_number("n_stages", n_stages, what="a pipeline needs at least 1 stage")
+    whole_number("n_stages", n_stages, what=_("a pipeline needs at least 1 stage"))
     for i, piece in enumerate(pieces):
         if not isinstance(piece, nn.Module):
-            raise TypeError(f"piece {i} is a {type(piece).__name__}, not an nn.Module")
+            raise TypeError(_("piece {i} is a {kind}, not an nn.Module").format(
+                i=i, kind=type(piece).__name__))
     if len(pieces) < n_stages:
-        raise ValueError(f"{len(pieces)} pieces cannot fill {n_stages} pipeline stages: every "
-                         "stage needs at least one piece (use fewer stages or a deeper model)")
+        raise ValueError(_("{pieces} pieces cannot fill {n_stages} pipeline stages: every "
+                           "stage needs at least one piece (use fewer stages or a deeper "
+                           "model)").format(pieces=len(pieces), n_stages=n_stages))
     if boundaries is None:
         base, extra = divmod(len(pieces), n_stages)
         sizes = [base + (1 if s < extra else 0) for s in range(n_stages)]
@@ -63,12 +65,14 @@ def split_pieces(pieces: Sequence[nn.Module], n_stages: int,
     else:
         cuts = [int(b) for b in boundaries]
         if len(cuts) != n_stages - 1:
-            raise ValueError(f"{n_stages} stages need {n_stages - 1} boundaries (where stages "
-                             f"1..{n_stages - 1} start), got {len(cuts)}: {list(boundaries)}")
+            raise ValueError(_("{n_stages} stages need {n} boundaries (where stages 1..{n} "
+                               "start), got {got}: {boundaries}").format(
+                n_stages=n_stages, n=n_stages - 1, got=len(cuts), boundaries=list(boundaries)))
         edges = [0, *cuts, len(pieces)]
         if any(a >= b for a, b in zip(edges[:-1], edges[1:], strict=True)):
-            raise ValueError(f"boundaries {cuts} must rise strictly between 0 and "
-                             f"{len(pieces)} (exclusive), so that every stage gets a piece")
+            raise ValueError(_("boundaries {cuts} must rise strictly between 0 and {pieces} "
+                               "(exclusive), so that every stage gets a piece").format(
+                cuts=cuts, pieces=len(pieces)))
     edges = [0, *cuts, len(pieces)]
     return [nn.Sequential(*pieces[a:b]) for a, b in zip(edges[:-1], edges[1:], strict=True)]
 
@@ -95,18 +99,19 @@ class Stage:
                  device: torch.device | str | None = None, chunk: int = 0,
                  n_chunks: int = 1):
         if not isinstance(module, nn.Module):
-            raise TypeError(f"the stage's module must be an nn.Module, not "
-                            f"{type(module).__name__}")
+            raise TypeError(_("the stage's module must be an nn.Module, not {kind}").format(
+                kind=type(module).__name__))
         if not group_ready():
             raise RuntimeError(_("a Stage talks to other ranks, so it must be built "
                                  "inside a rank (a function started by dl.launch)"))
         shape = tuple(activation_shape)
         if not shape or not all(isinstance(d, int) and d >= 1 for d in shape):
-            raise ValueError(f"activation_shape must be positive ints, e.g. (2, 16, 32), not "
-                             f"{activation_shape!r}")
-        whole_number("n_chunks", n_chunks, what="a rank holds at least 1 chunk")
+            raise ValueError(_("activation_shape must be positive ints, e.g. (2, 16, 32), not "
+                               "{shape!r}").format(shape=activation_shape))
+        whole_number("n_chunks", n_chunks, what=_("a rank holds at least 1 chunk"))
         whole_number("chunk", chunk, at_least=0, at_most=n_chunks - 1,
-                     what=f"the chunks of a rank holding {n_chunks} are 0..{n_chunks - 1}")
+                     what=_("the chunks of a rank holding {n} are 0..{last}").format(
+                         n=n_chunks, last=n_chunks - 1))
         params = [p for p in module.parameters() if p.is_floating_point()]
         self.module = module
         self.group = resolve_group(pp_group, "Stage")
@@ -308,34 +313,39 @@ def _checked_stages_and_schedule(stage: Stage | Sequence[Stage], schedule: Sched
         if isinstance(stage, (list, tuple)) else stage
     if not isinstance(stages, list) or not stages or \
             not all(isinstance(s, Stage) for s in stages):
-        raise TypeError(f"stage must be a Stage (or a list of them, one per chunk), not "
-                        f"{type(stage).__name__}")
+        raise TypeError(_("stage must be a Stage (or a list of them, one per chunk), not "
+                          "{kind}").format(kind=type(stage).__name__))
     first = stages[0]
     if any(s.n_chunks != len(stages) for s in stages):
-        raise ValueError(f"this rank passed {len(stages)} stage(s) built with n_chunks="
-                         f"{first.n_chunks}: pass one Stage per chunk, all {first.n_chunks} of "
-                         "them, in chunk order")
+        raise ValueError(_("this rank passed {n} stage(s) built with n_chunks={n_chunks}: pass "
+                           "one Stage per chunk, all {n_chunks} of them, in chunk order").format(
+            n=len(stages), n_chunks=first.n_chunks))
     if [s.chunk for s in stages] != list(range(len(stages))) or \
             any(s.ranks != first.ranks for s in stages):
-        raise ValueError("pass this rank's stages in chunk order, all on the same pipeline "
-                         "group: got " + ", ".join(f"chunk {s.chunk} of {s.n_chunks} on ranks "
-                                                   f"{s.ranks}" for s in stages))
+        got = ", ".join(_("chunk {chunk} of {n} on ranks {ranks}").format(
+            chunk=s.chunk, n=s.n_chunks, ranks=s.ranks) for s in stages)
+        raise ValueError(_("pass this rank's stages in chunk order, all on the same pipeline "
+                           "group: got {stages}").format(stages=got))
     if isinstance(schedule, str):
         if n_microbatches is None:
-            raise ValueError(f"a schedule given by name ({schedule!r}) needs n_microbatches")
+            raise ValueError(_("a schedule given by name ({schedule!r}) needs "
+                               "n_microbatches").format(schedule=schedule))
         schedule = make_schedule(schedule, first.n_ranks, n_microbatches,
                                  n_chunks=len(stages))
     elif not isinstance(schedule, Schedule):
-        raise TypeError(f"schedule must be a Schedule or a name, not {type(schedule).__name__}")
+        raise TypeError(_("schedule must be a Schedule or a name, not {kind}").format(
+            kind=type(schedule).__name__))
     if n_microbatches is not None and n_microbatches != schedule.n_microbatches:
-        raise ValueError(f"n_microbatches={n_microbatches}, but the schedule has "
-                         f"{schedule.n_microbatches}")
+        raise ValueError(_("n_microbatches={n}, but the schedule has {m}").format(
+            n=n_microbatches, m=schedule.n_microbatches))
     if schedule.n_ranks != first.n_ranks:
-        raise ValueError(f"the schedule has {schedule.n_ranks} stages but the pipeline group "
-                         f"has {first.n_ranks} ranks {first.ranks}")
+        raise ValueError(_("the schedule has {stages} stages but the pipeline group has {n} "
+                           "ranks {ranks}").format(stages=schedule.n_ranks, n=first.n_ranks,
+                                                   ranks=first.ranks))
     if schedule.n_chunks != len(stages):
-        raise ValueError(f"the schedule runs {schedule.n_chunks} chunks per rank, but this rank "
-                         f"passed {len(stages)} stage(s): one Stage per chunk")
+        raise ValueError(_("the schedule runs {chunks} chunks per rank, but this rank passed "
+                           "{n} stage(s): one Stage per chunk").format(
+            chunks=schedule.n_chunks, n=len(stages)))
     if schedule.n_ranks == 1 and schedule.n_chunks > 1:
         raise ValueError(_("{chunks} chunks on a pipeline of one rank: every chunk follows the "
                            "one before on the same rank, so there is nothing to send between "
@@ -373,7 +383,8 @@ def _weight_gradients(module: nn.Module, out: torch.Tensor, grad: torch.Tensor |
 
 def _microbatches(batch: torch.Tensor, m: int, name: str) -> list[torch.Tensor]:
     if not isinstance(batch, torch.Tensor):
-        raise TypeError(f"{name} must be a tensor, not {type(batch).__name__}")
+        raise TypeError(_("{name} must be a tensor, not {kind}").format(
+            name=name, kind=type(batch).__name__))
     if batch.dim() == 0 or batch.shape[0] % m:
         rows = batch.shape[0] if batch.dim() else 0
         raise ValueError(_("{name} has {rows} rows, which do not split into {m} equal "

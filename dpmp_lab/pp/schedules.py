@@ -45,21 +45,24 @@ class Action:
 
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:
-            raise ValueError(f"an action is 'F' (forward), 'B' (backward) or 'W' (weight "
-                             f"gradient), not {self.kind!r}")
+            raise ValueError(_("an action is 'F' (forward), 'B' (backward) or 'W' (weight "
+                               "gradient), not {kind!r}").format(kind=self.kind))
         for name in ("microbatch", "chunk"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name.replace('microbatch', 'micro-batch')} index must be an "
-                                 f"int >= 0, not {value!r}")
+                raise ValueError((_("micro-batch index must be an int >= 0, not {value!r}")
+                                  if name == "microbatch" else
+                                  _("chunk index must be an int >= 0, not {value!r}")).format(
+                    value=value))
 
     @classmethod
     def parse(cls, text: str) -> Action:
         """"F3" -> Action("F", 3); "B3.1" -> Action("B", 3, chunk=1)."""
         found = re.fullmatch(r"\s*([FBW])\s*(\d+)(?:\.(\d+))?\s*", text)
         if not found:
-            raise ValueError(f"cannot read {text!r} as an action: write F<n>, B<n> or W<n>, "
-                             "e.g. 'F0', and F<n>.<chunk> for a virtual stage, e.g. 'F0.1'")
+            raise ValueError(_("cannot read {text!r} as an action: write F<n>, B<n> or W<n>, "
+                               "e.g. 'F0', and F<n>.<chunk> for a virtual stage, e.g. "
+                               "'F0.1'").format(text=text))
         return cls(found[1], int(found[2]), int(found[3] or 0))
 
     def __str__(self) -> str:
@@ -96,10 +99,11 @@ class Schedule:
                  backward_cost: int = 1, weight_cost: int = 1):
         for what, cost in (("backward_cost", backward_cost), ("weight_cost", weight_cost)):
             if isinstance(cost, bool) or not isinstance(cost, int) or cost < 1:
-                raise ValueError(f"{what} is the time steps of one {what.split('_')[0]} pass "
-                                 f"(a forward takes 1): an int >= 1, not {cost!r}")
+                raise ValueError(_("{what} is the time steps of one {kind} pass (a forward "
+                                   "takes 1): an int >= 1, not {cost!r}").format(
+                    what=what, kind=what.split('_')[0], cost=cost))
         if not actions:
-            raise ValueError("a schedule needs at least one stage")
+            raise ValueError(_("a schedule needs at least one stage"))
         self.name = name
         self.backward_cost = backward_cost
         self.weight_cost = weight_cost
@@ -132,28 +136,31 @@ class Schedule:
     def _check_complete(self) -> None:
         m, v = self.n_microbatches, self.n_chunks
         if m < 1:
-            raise ValueError("a schedule needs at least one micro-batch")
+            raise ValueError(_("a schedule needs at least one micro-batch"))
         for s, row in enumerate(self.actions):
             kinds = ("F", "B", "W") if self.splits_backward[s] else ("F", "B")
             want = sorted((k, c, j) for k in kinds for c in range(v) for j in range(m))
             got = sorted((a.kind, a.chunk, a.microbatch) for a in row)
             if got != want:
-                what = "F and B" + (" and W" if self.splits_backward[s] else "")
-                chunks = f" on each of its {v} chunks" if v > 1 else ""
-                raise ValueError(f"{self.row_name(s)} must run {what} of every micro-batch "
-                                 f"0..{m - 1}{chunks} exactly once; it has "
-                                 f"{' '.join(map(str, row)) or 'nothing'}"
-                                 + (" (a rank that runs any W runs one W after each B)"
-                                    if self.splits_backward[s] else ""))
+                what = _("F and B and W") if self.splits_backward[s] else _("F and B")
+                chunks = _(" on each of its {v} chunks").format(v=v) if v > 1 else ""
+                note = (_(" (a rank that runs any W runs one W after each B)")
+                        if self.splits_backward[s] else "")
+                raise ValueError(_("{row} must run {what} of every micro-batch 0..{last}{chunks} "
+                                   "exactly once; it has {actions}{note}").format(
+                    row=self.row_label(s), what=what, last=m - 1, chunks=chunks,
+                    actions=" ".join(map(str, row)) or _("nothing"), note=note))
             done: set[tuple[str, int, int]] = set()
             for a in row:
                 f, b = Action("F", a.microbatch, a.chunk), Action("B", a.microbatch, a.chunk)
                 if a.kind == "B" and ("F", a.chunk, a.microbatch) not in done:
-                    raise ValueError(f"{self.row_name(s)} runs {a} before {f}: a backward "
-                                     "needs the activations of its own forward")
+                    raise ValueError(_("{row} runs {a} before {f}: a backward needs the "
+                                       "activations of its own forward").format(
+                        row=self.row_label(s), a=a, f=f))
                 if a.kind == "W" and ("B", a.chunk, a.microbatch) not in done:
-                    raise ValueError(f"{a} before {b} on {self.row_name(s)}: the weight "
-                                     f"gradient needs the output gradient that {b} receives")
+                    raise ValueError(_("{a} before {b} on {row}: the weight gradient needs "
+                                       "the output gradient that {b} receives").format(
+                        a=a, b=b, row=self.row_label(s)))
                 done.add((a.kind, a.chunk, a.microbatch))
 
     def needs(self, rank: int, action: Action) -> tuple[int, Action] | None:
@@ -206,10 +213,12 @@ class Schedule:
                     nxt[s] += 1
                     progressed = True
             if not progressed:
-                stuck = ", ".join(f"{self.row_name(s)} at {self.actions[s][nxt[s]]}"
-                                  for s in range(p) if nxt[s] < len(self.actions[s]))
-                raise ValueError(f"schedule {self.name!r} can never finish: every stage waits "
-                                 f"for another ({stuck}); on real ranks this is a deadlock")
+                stuck = ", ".join(_("{row} at {action}").format(
+                    row=self.row_label(s), action=self.actions[s][nxt[s]])
+                    for s in range(p) if nxt[s] < len(self.actions[s]))
+                raise ValueError(_("schedule {name!r} can never finish: every stage waits for "
+                                   "another ({stuck}); on real ranks this is a "
+                                   "deadlock").format(name=self.name, stuck=stuck))
         return tuple(tuple(row) for row in spans)
 
     # -- what the simulation says ---------------------------------------------------------
@@ -240,7 +249,8 @@ class Schedule:
         activations it holds as that forward begins, which a runner's memory may hold then
         besides what the forward makes."""
         if not 0 <= stage < self.n_ranks:
-            raise ValueError(f"stage {stage} is not in this {self.n_ranks}-stage schedule")
+            raise ValueError(_("stage {stage} is not in this {n}-stage schedule").format(
+                stage=stage, n=self.n_ranks))
         frees = "W" if self.splits_backward[stage] else "B"
         held, out = 0, []
         for a in self.actions[stage]:
@@ -362,11 +372,11 @@ def measured_bubble(spans: Sequence[Any]) -> Bubble:
     """
     rows = [getattr(row, "spans", row) for row in getattr(spans, "values", spans)]
     if not rows or not all(rows):
-        raise ValueError("measured_bubble needs the spans of at least one action per stage")
+        raise ValueError(_("measured_bubble needs the spans of at least one action per stage"))
     start = min(s.start for row in rows for s in row)
     end = max(s.end for row in rows for s in row)
     window = end - start
     if window <= 0:
-        raise ValueError("the spans cover no time: nothing to measure")
+        raise ValueError(_("the spans cover no time: nothing to measure"))
     per_stage = tuple(1.0 - sum(s.end - s.start for s in row) / window for row in rows)
     return Bubble(sum(per_stage) / len(per_stage), per_stage)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from dpmp_lab._helpers import whole_number
+from dpmp_lab.i18n.messages import _
 from dpmp_lab.pp.schedules import Action, Schedule
 
 __all__ = ["SCHEDULES", "bubble_fraction", "gpipe", "interleaved_1f1b", "make_schedule",
@@ -22,8 +23,8 @@ __all__ = ["SCHEDULES", "bubble_fraction", "gpipe", "interleaved_1f1b", "make_sc
 
 
 def _check_sizes(p: int, m: int) -> None:
-    whole_number("p", p, what="a pipeline needs at least 1 stage")
-    whole_number("m", m, what="a pipeline needs at least 1 micro-batch")
+    whole_number("p", p, what=_("a pipeline needs at least 1 stage"))
+    whole_number("m", m, what=_("a pipeline needs at least 1 micro-batch"))
 
 
 def naive(p: int, m: int = 1, *, backward_cost: int = 1) -> Schedule:
@@ -66,12 +67,12 @@ def interleaved_1f1b(p: int, m: int, n_chunks: int = 2, *, backward_cost: int = 
     """
     _check_sizes(p, m)
     v = whole_number("n_chunks", n_chunks, at_least=2,
-                     what="interleaving needs at least 2 chunks per rank (with 1, use "
-                          "one_f_one_b)")
+                     what=_("interleaving needs at least 2 chunks per rank (with 1, use "
+                            "one_f_one_b)"))
     if m % p:
-        raise ValueError(f"interleaved 1F1B sends micro-batches through each chunk in rounds "
-                         f"of p={p}, so m must be a multiple of p (Narayanan et al. 2021); m={m} is "
-                         f"not: use m={m + p - m % p}")
+        raise ValueError(_("interleaved 1F1B sends micro-batches through each chunk in rounds "
+                           "of p={p}, so m must be a multiple of p (Narayanan et al. 2021); "
+                           "m={m} is not: use m={fit}").format(p=p, m=m, fit=m + p - m % p))
     total = v * m
 
     def slot(k: int, kind: str) -> Action:
@@ -159,19 +160,21 @@ def make_schedule(name: str, p: int, m: int, *, backward_cost: int = 1, weight_c
     per rank), "zb-h1" or "zb-h2" (weight_cost: the time steps of a W)."""
     key = name.lower().replace("-", "").replace("_", "") if isinstance(name, str) else name
     if key not in SCHEDULES:
-        raise ValueError(f"unknown schedule {name!r}: choose one of {', '.join(SCHEDULES)}")
+        raise ValueError(_("unknown schedule {name!r}: choose one of {names}").format(
+            name=name, names=", ".join(SCHEDULES)))
     make = SCHEDULES[key]
     if make is interleaved_1f1b:
         return make(p, m, n_chunks, backward_cost=backward_cost)
     if n_chunks != 1:
-        raise ValueError(f"n_chunks={n_chunks}: only the interleaved schedule runs several "
-                         f"chunks (virtual stages) per rank, not {name!r}")
+        raise ValueError(_("n_chunks={n_chunks}: only the interleaved schedule runs several "
+                           "chunks (virtual stages) per rank, not {name!r}").format(
+            n_chunks=n_chunks, name=name))
     if make in (zb_h1, zb_h2):
         return make(p, m, backward_cost=backward_cost, weight_cost=weight_cost)
     if weight_cost != 1:
-        raise ValueError(f"weight_cost={weight_cost}: only the zero-bubble schedules split W "
-                         f"off the backward, not {name!r} (its B is the whole backward: give it "
-                         "backward_cost)")
+        raise ValueError(_("weight_cost={weight_cost}: only the zero-bubble schedules split W "
+                           "off the backward, not {name!r} (its B is the whole backward: give "
+                           "it backward_cost)").format(weight_cost=weight_cost, name=name))
     return make(p, m, backward_cost=backward_cost)
 
 

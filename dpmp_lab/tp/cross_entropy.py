@@ -13,6 +13,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from dpmp_lab._torch_helpers import tensor_arg
+from dpmp_lab.i18n.messages import _
 from dpmp_lab.tp.mappings import check_ids, tp_all_reduce, tp_size
 
 __all__ = ["vocab_parallel_cross_entropy"]
@@ -65,8 +66,9 @@ def vocab_parallel_cross_entropy(logits_shard: torch.Tensor, targets: torch.Tens
     logits_shard = tensor_arg(logits_shard, "logits_shard")
     targets = tensor_arg(targets, "targets")
     if logits_shard.dim() < 1 or logits_shard.shape[:-1] != targets.shape:
-        raise ValueError(f"logits_shard (..., V/tp) and targets (...) must agree on the leading "
-                         f"dims, got {tuple(logits_shard.shape)} and {tuple(targets.shape)}")
+        raise ValueError(_("logits_shard (..., V/tp) and targets (...) must agree on the "
+                           "leading dims, got {logits} and {targets}").format(
+            logits=tuple(logits_shard.shape), targets=tuple(targets.shape)))
     tp = tp_size(group)
     check_ids(targets, logits_shard.shape[-1] * tp, "targets")
     logits = logits_shard.reshape(-1, logits_shard.shape[-1])

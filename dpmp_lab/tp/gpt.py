@@ -18,6 +18,7 @@ from torch import nn
 
 import dpmp_lab.models as models
 from dpmp_lab._torch_helpers import tensor_arg
+from dpmp_lab.i18n.messages import _
 from dpmp_lab.tp.cross_entropy import vocab_parallel_cross_entropy
 from dpmp_lab.tp.layers import (
     ColumnParallelLinear,
@@ -79,10 +80,12 @@ class ParallelSelfAttention(HoldsGroup):
         super().__init__()
         tp = tp_size(group)
         if d_model % n_heads:
-            raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+            raise ValueError(_("d_model={d_model} is not divisible by n_heads={n_heads}").format(
+                d_model=d_model, n_heads=n_heads))
         if n_heads % tp:
-            raise ValueError(f"n_heads={n_heads} does not split over tp={tp} ranks: each rank "
-                             f"must own whole heads, so n_heads must be a multiple of {tp}")
+            raise ValueError(_("n_heads={n_heads} does not split over tp={tp} ranks: each rank "
+                               "must own whole heads, so n_heads must be a multiple of "
+                               "{tp}").format(n_heads=n_heads, tp=tp))
         self.group = group
         self.n_heads, self.head_dim = n_heads, d_model // n_heads
         self.local_heads = n_heads // tp
@@ -125,8 +128,8 @@ def parallelize_gpt(model: models.TinyGPT, group: dist.ProcessGroup,
     all_reduce (+ 3 in the loss), backward 2 * n_layers + 1.
     """
     if not isinstance(model, models.TinyGPT):
-        raise TypeError(f"parallelize_gpt needs a dpmp_lab.models.TinyGPT, not "
-                        f"{type(model).__name__}")
+        raise TypeError(_("parallelize_gpt needs a dpmp_lab.models.TinyGPT, not "
+                          "{kind}").format(kind=type(model).__name__))
     # build every replacement before swapping any, so bad sizes leave the model untouched
     blocks = [(ParallelSelfAttention.from_dense(b.attn, group),
                ColumnParallelLinear.from_dense(b.mlp.fc1, group),
@@ -149,7 +152,7 @@ def sharding(model: nn.Module) -> dict[str, int | None]:
     dims: dict[str, int | None] = {}
     for prefix, module in model.named_modules():
         split = getattr(module, "split_dims", {}) if isinstance(module, Sharded) else {}
-        for name, _ in module.named_parameters(recurse=False):
+        for name, _param in module.named_parameters(recurse=False):
             dims[f"{prefix}.{name}" if prefix else name] = split.get(name)
     return dims
 

@@ -18,6 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from dpmp_lab.i18n.messages import _
 from dpmp_lab.tp.mappings import (
     check_divisible,
     check_group,
@@ -66,9 +67,10 @@ class Sharded(HoldsGroup):
                 dim = self.split_dims.get(name)
                 piece = full if dim is None else shard_tensor(full, self.group, dim)
                 if piece.shape != param.shape:
-                    raise ValueError(f"{type(self).__name__}: the dense {name} of shape "
-                                     f"{tuple(full.shape)} does not fit this layer's "
-                                     f"{tuple(param.shape)}")
+                    raise ValueError(_("{layer}: the dense {name} of shape {shape} does not "
+                                       "fit this layer's {mine}").format(
+                        layer=type(self).__name__, name=name, shape=tuple(full.shape),
+                        mine=tuple(param.shape)))
                 param.copy_(piece)
 
     def _materialise(self, dense: nn.Module) -> None:
@@ -80,14 +82,16 @@ class Sharded(HoldsGroup):
 def check_type(module: object, expected: type, cls: type) -> None:
     if not isinstance(module, expected):
         where = "nn" if expected.__module__.startswith("torch.nn") else expected.__module__
-        raise TypeError(f"{cls.__name__}.from_dense needs a {where}.{expected.__name__}, not "
-                        f"{type(module).__name__}")
+        raise TypeError(_("{cls}.from_dense needs a {where}.{expected}, not {kind}").format(
+            cls=cls.__name__, where=where, expected=expected.__name__,
+            kind=type(module).__name__))
 
 
 def check_features(x: torch.Tensor, expected: int, who: str, hint: str = "") -> None:
     if x.dim() == 0 or x.shape[-1] != expected:
-        raise ValueError(f"{who} expects inputs whose last dim is {expected}, got shape "
-                         f"{tuple(x.shape)}{hint}")
+        raise ValueError(_("{who} expects inputs whose last dim is {expected}, got shape "
+                           "{shape}{hint}").format(who=who, expected=expected,
+                                                   shape=tuple(x.shape), hint=hint))
 
 
 class _ParallelLinear(Sharded):
@@ -197,8 +201,9 @@ class RowParallelLinear(_ParallelLinear):
             check_features(x, self.in_features, "RowParallelLinear(input_is_parallel=False)")
             x = scatter_to_tp_region(x, self.group)
         check_features(x, self.local_in, "RowParallelLinear",
-                       f": this rank's slice of the {self.in_features} input features (pass "
-                       "input_is_parallel=False to give it the whole input)")
+                       _(": this rank's slice of the {n} input features (pass "
+                         "input_is_parallel=False to give it the whole input)").format(
+                           n=self.in_features))
         y = reduce_from_tp_region(F.linear(x, self.weight), self.group)
         return y + self.bias if self.bias is not None else y
 
@@ -241,15 +246,16 @@ class VocabParallelEmbedding(Sharded):
         """This rank's vocabulary rows of `dense` (a plain nn.Embedding)."""
         check_type(dense, nn.Embedding, cls)
         if dense.padding_idx is not None or dense.max_norm is not None:
-            raise ValueError("VocabParallelEmbedding.from_dense supports a plain nn.Embedding "
-                             "(no padding_idx, no max_norm)")
+            raise ValueError(_("VocabParallelEmbedding.from_dense supports a plain "
+                               "nn.Embedding (no padding_idx, no max_norm)"))
         layer = cls(dense.num_embeddings, dense.embedding_dim, group, device="meta",
                     dtype=dense.weight.dtype)
         layer._materialise(dense)
         return layer
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        check_ids(tensor_arg(ids, "token ids"), self.num_embeddings, "token ids")
+        what = _("token ids")
+        check_ids(tensor_arg(ids, what), self.num_embeddings, what)
         local = ids - self.start
         elsewhere = (local < 0) | (local >= self.per_rank)
         rows = F.embedding(local.masked_fill(elsewhere, 0), self.weight)

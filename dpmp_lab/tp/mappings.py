@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from dpmp_lab._torch_helpers import member_group, tensor_arg
+from dpmp_lab.i18n.messages import N_, _
 
 __all__ = ["check_divisible", "check_group", "check_ids", "copy_to_tp_region",
            "gather_from_sequence_region", "gather_from_tp_region", "reduce_from_tp_region",
@@ -25,7 +26,7 @@ __all__ = ["check_divisible", "check_group", "check_ids", "copy_to_tp_region",
 
 
 def check_group(group: object) -> dist.ProcessGroup:
-    return member_group(group, "tp", "tensor-parallel",
+    return member_group(group, "tp", N_("tensor-parallel"),
                         "dl.ProcessGrid(tp=...).tp_group or dist.group.WORLD")
 
 
@@ -35,24 +36,28 @@ def tp_size(group: dist.ProcessGroup) -> int:
 
 def _normalise_dim(x: torch.Tensor, dim: int) -> int:
     if not -x.dim() <= dim < x.dim():
-        raise ValueError(f"dim={dim} is out of range for a tensor of shape {tuple(x.shape)}")
+        raise ValueError(_("dim={dim} is out of range for a tensor of shape {shape}").format(
+            dim=dim, shape=tuple(x.shape)))
     return dim % x.dim()
 
 
 def check_divisible(size: int, tp: int, what: str) -> int:
     if size % tp:
-        raise ValueError(f"{what} = {size} does not split evenly over {tp} tensor-parallel "
-                         f"ranks ({size} % {tp} = {size % tp}): choose a size divisible by {tp}")
+        raise ValueError(_("{what} = {size} does not split evenly over {tp} tensor-parallel "
+                           "ranks ({size} % {tp} = {rest}): choose a size divisible by "
+                           "{tp}").format(what=what, size=size, tp=tp, rest=size % tp))
     return size // tp
 
 
 def check_ids(ids: torch.Tensor, vocab: int, what: str) -> None:
     if ids.dtype not in (torch.int64, torch.int32):
-        raise TypeError(f"{what} must be an integer tensor (torch.long), not {ids.dtype}")
+        raise TypeError(_("{what} must be an integer tensor (torch.long), not {dtype}").format(
+            what=what, dtype=ids.dtype))
     # every rank checks the same ids, so all raise together and nobody waits in a collective
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
-        raise ValueError(f"{what} must lie in [0, {vocab}), got values from {int(ids.min())} "
-                         f"to {int(ids.max())}")
+        raise ValueError(_("{what} must lie in [0, {vocab}), got values from {low} to "
+                           "{high}").format(what=what, vocab=vocab, low=int(ids.min()),
+                                            high=int(ids.max())))
 
 
 def shard_tensor(tensor: torch.Tensor, group: dist.ProcessGroup, dim: int) -> torch.Tensor:
@@ -62,7 +67,7 @@ def shard_tensor(tensor: torch.Tensor, group: dist.ProcessGroup, dim: int) -> to
     """
     tensor = tensor_arg(tensor, "tensor")
     tp, dim = tp_size(group), _normalise_dim(tensor, dim)
-    size = check_divisible(tensor.shape[dim], tp, f"size of dim {dim}")
+    size = check_divisible(tensor.shape[dim], tp, _("size of dim {dim}").format(dim=dim))
     return tensor.narrow(dim, dist.get_rank(group) * size, size).contiguous()
 
 
@@ -88,7 +93,8 @@ def tp_all_gather(x: torch.Tensor, group: dist.ProcessGroup, dim: int) -> torch.
 
 def tp_reduce_scatter(x: torch.Tensor, group: dist.ProcessGroup, dim: int) -> torch.Tensor:
     front = x.movedim(dim, 0).contiguous()
-    size = check_divisible(front.shape[0], tp_size(group), f"size of dim {dim}")
+    size = check_divisible(front.shape[0], tp_size(group),
+                           _("size of dim {dim}").format(dim=dim))
     out = front.new_empty((size, *front.shape[1:]))
     dist.reduce_scatter_single(out, front, group=group)
     return out.movedim(0, dim).contiguous()
@@ -205,8 +211,8 @@ def scatter_to_tp_region(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Ten
     does not split evenly). Backward: 1 all_gather along the last dim."""
     x = tensor_arg(x, "x")
     if x.dim() == 0:
-        raise ValueError("scatter_to_tp_region needs a tensor with at least one dim")
-    check_divisible(x.shape[-1], tp_size(group), "size of the last dim")
+        raise ValueError(_("scatter_to_tp_region needs a tensor with at least one dim"))
+    check_divisible(x.shape[-1], tp_size(group), _("size of the last dim"))
     return _region(_ScatterToTPRegion, x, group)
 
 
@@ -226,5 +232,6 @@ def reduce_scatter_to_sequence_region(x: torch.Tensor, group: dist.ProcessGroup,
     1 all_gather of the gradient along `dim`."""
     x = tensor_arg(x, "x")
     dim = _normalise_dim(x, dim)
-    check_divisible(x.shape[dim], tp_size(group), f"size of dim {dim} (the sequence)")
+    check_divisible(x.shape[dim], tp_size(group),
+                    _("size of dim {dim} (the sequence)").format(dim=dim))
     return _region(_ReduceScatterToSequenceRegion, x, group, dim)

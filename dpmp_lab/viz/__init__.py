@@ -226,8 +226,8 @@ def grid(grid_or_none: Any = None, *, dp: int = 1, tp: int = 1, pp: int = 1, cp:
     else:
         layout = getattr(grid_or_none, "layout", grid_or_none)
         if not isinstance(layout, GridLayout):
-            raise TypeError(f"dl.viz.grid takes a ProcessGrid or GridLayout, not "
-                            f"{type(grid_or_none).__name__}")
+            raise TypeError(_("dl.viz.grid takes a ProcessGrid or GridLayout, not "
+                              "{kind}").format(kind=type(grid_or_none).__name__))
         if highlight is None:
             highlight = getattr(grid_or_none, "rank", None)
     return GridPicture(layout, highlight)
@@ -359,8 +359,9 @@ def timeline(schedule_or_run: Any, *, width: int | None = None) -> Timeline:
         return Timeline(rows, unit=N_("time steps"), title=s.describe(), width=width)
     results = list(getattr(schedule_or_run, "values", schedule_or_run))
     if not results or not all(isinstance(r, PipelineResult) for r in results):
-        raise TypeError("dl.viz.timeline draws a pp.Schedule, or the PipelineResults of a run "
-                        "(a launch whose ranks return pp.run_schedule(...), or a list of them)")
+        raise TypeError(_("dl.viz.timeline draws a pp.Schedule, or the PipelineResults of a "
+                          "run (a launch whose ranks return pp.run_schedule(...), or a list of "
+                          "them)"))
     results.sort(key=lambda r: (r.index, r.rank))
     t0 = min(s.start for r in results for s in r.spans)
     rows = [(f"stage {r.index} (rank {r.rank})",

@@ -141,7 +141,8 @@ class CollectivePicture(Picture):
         """What each rank's output holds when rank r's tensor is inputs[r]: the picture turned
         into numbers, to hold next to a live run. None where the picture shows scratch."""
         if len(inputs) != self.n:
-            raise ValueError(f"the picture has {self.n} ranks but got {len(inputs)} inputs")
+            raise ValueError(_("the picture has {n} ranks but got {inputs} inputs").format(
+                n=self.n, inputs=len(inputs)))
         flat = [torch.as_tensor(x).flatten() for x in inputs]
 
         def value(box: _Box) -> Any:
@@ -254,28 +255,31 @@ def collective(op: str, n: int = 4, *, root: int | None = None) -> CollectivePic
     broadcast, reduce, gather and scatter (default 0).
     """
     if not isinstance(op, str):
-        raise TypeError(f"op must be the name of a collective, e.g. 'all_reduce', not "
-                        f"{type(op).__name__}")
+        raise TypeError(_("op must be the name of a collective, e.g. 'all_reduce', not "
+                          "{kind}").format(kind=type(op).__name__))
     name = op.strip().lower().replace("-", "_").replace(" ", "_")
     name = _COLLECTIVE_ALIASES.get(name, name)
     if name not in COLLECTIVES:
         squashed = name.replace("_", "")
         guess = [c for c in COLLECTIVES if c.replace("_", "") == squashed]
-        hint = f" (did you mean {guess[0]!r}?)" if guess else ""
-        raise ValueError(f"unknown collective {op!r}{hint}; dl.viz.collective draws: "
-                         f"{', '.join(COLLECTIVES)}")
+        hint = _(" (did you mean {known!r}?)").format(known=guess[0]) if guess else ""
+        raise ValueError(_("unknown collective {op!r}{hint}; dl.viz.collective draws: "
+                           "{names}").format(op=op, hint=hint, names=", ".join(COLLECTIVES)))
     if isinstance(n, bool) or not isinstance(n, int):
-        raise TypeError(f"n is a number of ranks, not {n!r}")
+        raise TypeError(_("n is a number of ranks, not {n!r}").format(n=n))
     if not 1 <= n <= _MAX_DRAWN_RANKS:
-        raise ValueError(f"n must be between 1 and {_MAX_DRAWN_RANKS} ranks to draw, not {n}")
+        raise ValueError(_("n must be between 1 and {most} ranks to draw, not {n}").format(
+            most=_MAX_DRAWN_RANKS, n=n))
     if name == "send_recv" and n < 2:
-        raise ValueError("send_recv needs at least 2 ranks: one to send, one to receive")
+        raise ValueError(_("send_recv needs at least 2 ranks: one to send, one to receive"))
     if root is not None:
         if name not in _ROOTED:
-            raise ValueError(f"{name} has no root: every rank plays the same part (only "
-                             f"{', '.join(_ROOTED)} take root=)")
+            raise ValueError(_("{name} has no root: every rank plays the same part (only "
+                               "{rooted} take root=)").format(
+                name=name, rooted=", ".join(_ROOTED)))
         if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < n:
-            raise ValueError(f"root must be a rank between 0 and {n - 1}, not {root!r}")
+            raise ValueError(_("root must be a rank between 0 and {last}, not {root!r}").format(
+                last=n - 1, root=root))
     elif name in _ROOTED:
         root = 0
     return CollectivePicture(name, n, root)

@@ -29,7 +29,7 @@ class ProfilePicture(Picture):
 
     def __init__(self, profiles: Sequence[Profile], *, title: str = "", width: int = 96):
         if not profiles:
-            raise ValueError("dl.viz.profile needs at least one Profile")
+            raise ValueError(_("dl.viz.profile needs at least one Profile"))
         self.profiles = sorted(profiles, key=lambda p: p.rank)
         self.end = max(max(p.wall, 1e-9) for p in self.profiles)
         self.title = title   # "" for ours, in the reader's language
@@ -128,6 +128,7 @@ def profile(profiles: Any, *, title: str = "", width: int = 96) -> ProfilePictur
         elif isinstance(v, (list, tuple)) and any(isinstance(x, Profile) for x in v):
             found.extend(x for x in v if isinstance(x, Profile))
         else:
-            raise TypeError("dl.viz.profile draws dl.bench.Profile objects (what "
-                            f"dl.bench.profile returns in each rank), not {type(v).__name__}")
+            raise TypeError(_("dl.viz.profile draws dl.bench.Profile objects (what "
+                              "dl.bench.profile returns in each rank), not {kind}").format(
+                kind=type(v).__name__))
     return ProfilePicture(found, title=title, width=width)
