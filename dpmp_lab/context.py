@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from dpmp_lab._torch_helpers import group_ready
+from dpmp_lab.i18n.messages import _
 
 __all__ = ["RankContext", "device", "enter", "nccl_backend", "rank", "synchronize", "uses_nccl",
            "world_size"]
@@ -39,10 +40,10 @@ def enter(context: RankContext) -> None:
 
 
 def _outside_a_rank(name: str) -> RuntimeError:
-    return RuntimeError(
-        f"dl.{name}() only has a meaning inside a rank: call it from a function started by "
+    return RuntimeError(_(
+        "dl.{name}() only has a meaning inside a rank: call it from a function started by "
         "dl.launch(...) or a %%distributed cell (or after init_process_group under torchrun)."
-    )
+    ).format(name=name))
 
 
 def rank() -> int:

@@ -34,6 +34,7 @@ from dpmp_lab.context import device as rank_device
 from dpmp_lab.context import nccl_backend
 from dpmp_lab.dp import DataParallel
 from dpmp_lab.grid import ProcessGrid
+from dpmp_lab.i18n.messages import _
 from dpmp_lab.models import GPTConfig, TinyGPT
 from dpmp_lab.pp import Stage, run_schedule, split_pieces
 from dpmp_lab.tp import parallelize_gpt, sharding, vocab_parallel_cross_entropy
@@ -67,8 +68,9 @@ def _train(dp: int, tp: int, pp: int, config: GPTConfig, steps: int, batch_size:
     grid = ProcessGrid(dp=dp, tp=tp, pp=pp)
     device = rank_device()
     if batch_size % (dp * micro_batches):
-        raise ValueError(f"batch_size={batch_size} must split into dp={dp} shards of "
-                         f"micro_batches={micro_batches} equal micro-batches")
+        raise ValueError(_("batch_size={batch_size} must split into dp={dp} shards of "
+                           "micro_batches={micro_batches} equal micro-batches").format(
+            batch_size=batch_size, dp=dp, micro_batches=micro_batches))
 
     model = TinyGPT(config, seed=seed)
     if tp > 1:

@@ -11,6 +11,11 @@ matter most:
     turned into an ordinary traceback with the cell's source (stacks.py).
 Besides those, what the notebook could not read (a result it cannot unpickle, a message over
 the launch's limit) and a process group that the function destroyed itself.
+
+Why it stays whole: each reading of the evidence makes the RankFailure whose sentence the
+learner reads, and `launch_error` decides between exactly those readings (a cause or a
+consequence, a hang of which kind); apart, the sentences and the rules that choose among them
+would have to be kept in step across two modules.
 """
 
 from __future__ import annotations
@@ -89,15 +94,15 @@ class RankFailure:
             head = _("{who} exited with code {code} before returning").format(
                 who=who, code=self.exitcode)
         elif self.reason == Reason.UNGUARDED:
-            head = (f"{who} stopped while importing the main script, which calls "
-                    "dl.launch at its top level")
+            head = _("{who} stopped while importing the main script, which calls "
+                     "dl.launch at its top level").format(who=who)
         elif self.reason in (Reason.UNPICKLABLE, Reason.UNREADABLE):
             head = self.message  # a sentence of its own, naming the rank (see `unpicklable`)
         elif self.reason == Reason.DESTROYED_GROUP:
-            head = (f"{who} returned after destroying its process group itself "
-                    "(dist.destroy_process_group())")
+            head = _("{who} returned after destroying its process group itself "
+                     "(dist.destroy_process_group())").format(who=who)
         else:
-            head = f"{who} did not finish: {self.message}"
+            head = _("{who} did not finish: {message}").format(who=who, message=self.message)
             if self.traceback:
                 head += "\n" + indent(self.traceback.rstrip())
         if self.output_tail.strip():
@@ -165,7 +170,8 @@ class LaunchTimeout(LaunchError):
     says which collective the ranks disagree on."""
 
     def _default_summary(self) -> str:
-        return f"{ranks_text(self.failures)} of {self.world_size} did not finish"
+        return _("{ranks} of {world} did not finish").format(
+            ranks=ranks_text(self.failures), world=self.world_size)
 
     def save_flight_records(self, folder: str) -> list[str]:
         """Write the ranks' records where torch's analyser reads them:
@@ -207,7 +213,8 @@ def death(rank: int, exitcode: int | None, output: str, main_thread: int | None,
 def still_running(rank: int, *, stack: str, output: str, timeout: float) -> RankFailure:
     """A rank that had not finished when the launch's own timeout passed."""
     return RankFailure(rank, Reason.TIMEOUT, traceback=stack, output_tail=tail(output),
-                       message=f"still running after {timeout:g} s (launch timeout)")
+                       message=_("still running after {timeout:g} s (launch timeout)").format(
+                           timeout=timeout))
 
 
 # nccl's watchdog thread, on a collective past the process-group timeout (torch 2.11):
@@ -222,40 +229,44 @@ def watchdog_timeout(rank: int, line: str, *, stack: str, output: str,
     """A rank whose collective nccl's watchdog timed out (see WATCHDOG_RE)."""
     found = WATCHDOG_RE.search(line)
     work = dict(kv.split("=", 1) for kv in found["work"].split(", ") if "=" in kv) if found else {}
-    what = (f"collective #{work['SeqNum']} ({work.get('OpType', '?').lower()}, "
-            f"{work.get('NumelIn', '?')} elements)") if "SeqNum" in work else "a collective"
+    what = _("collective #{seq} ({op}, {numel} elements)").format(
+        seq=work["SeqNum"], op=work.get("OpType", "?").lower(), numel=work.get("NumelIn", "?")
+    ) if "SeqNum" in work else _("a collective")
     return RankFailure(rank, Reason.TIMEOUT, traceback=stack, output_tail=tail(output),
-                       message=f"waited {pg_timeout:g} s in {what} that did not complete "
-                               "(nccl's watchdog: process-group timeout)")
+                       message=_("waited {pg_timeout:g} s in {what} that did not complete "
+                                 "(nccl's watchdog: process-group timeout)").format(
+                           pg_timeout=pg_timeout, what=what))
 
 
 def stopped_by_watchdog(rank: int, *, stack: str, output: str) -> RankFailure:
     """A rank still running when another rank's collective timed out."""
     return RankFailure(rank, Reason.TIMEOUT, traceback=stack, output_tail=tail(output),
-                       message="still running when another rank's collective timed out")
+                       message=_("still running when another rank's collective timed out"))
 
 
 def unpicklable(rank: int, error: BaseException) -> RankFailure:
     """A rank whose result the notebook could not unpickle: an instance of a class only the
     rank can import, or an object whose unpickling raises."""
-    return RankFailure(rank, Reason.UNPICKLABLE, exc_type=type(error).__name__, message=(
-        f"rank {rank}'s result could not be unpickled in the notebook: "
-        f"{type(error).__name__}: {error}"))
+    return RankFailure(rank, Reason.UNPICKLABLE, exc_type=type(error).__name__, message=_(
+        "rank {rank}'s result could not be unpickled in the notebook: {kind}: {error}").format(
+            rank=rank, kind=type(error).__name__, error=error))
 
 
 def unreadable(rank: int, error: BaseException) -> RankFailure:
     """A rank that sent bytes the launcher could not read as a message."""
-    return RankFailure(rank, Reason.UNREADABLE, exc_type=type(error).__name__, message=(
-        f"rank {rank} sent a message the notebook could not read: {type(error).__name__}: {error}"))
+    return RankFailure(rank, Reason.UNREADABLE, exc_type=type(error).__name__, message=_(
+        "rank {rank} sent a message the notebook could not read: {kind}: {error}").format(
+            rank=rank, kind=type(error).__name__, error=error))
 
 
 def oversized(rank: int, limit: int, margin: int) -> RankFailure:
     """A rank that sent more than the launcher reads in one message, its own check bypassed."""
-    return RankFailure(rank, Reason.UNREADABLE, message=(
-        f"rank {rank} sent a message over {human_bytes(limit + margin)}, more than the launch "
-        f"reads (max_result_bytes={limit:,}, and {human_bytes(margin)} for the message around "
-        "a result), so the notebook did not read it. Return less, or raise the limit: "
-        "dl.launch(..., max_result_bytes=...)."))
+    return RankFailure(rank, Reason.UNREADABLE, message=_(
+        "rank {rank} sent a message over {most}, more than the launch reads "
+        "(max_result_bytes={limit:,}, and {margin} for the message around a result), so the "
+        "notebook did not read it. Return less, or raise the limit: "
+        "dl.launch(..., max_result_bytes=...).").format(
+            rank=rank, most=human_bytes(limit + margin), limit=limit, margin=human_bytes(margin)))
 
 
 _TIMEOUT_RE = re.compile(r"timed out|timeout", re.IGNORECASE)
@@ -332,15 +343,16 @@ def launch_error(failures: dict[int, RankFailure], *, output: list[str], finishe
 
 def _waited(failure: RankFailure, pg_timeout: float) -> RankFailure:
     p2p = p2p_wait(failure.traceback)
-    if p2p:
-        message = (f"waited {pg_timeout:g} s in a {p2p} whose partner's matching "
-                   f"{'recv' if p2p == 'send' else 'send'} never came (process-group timeout)")
+    if p2p:   # the op names stay as they are: "send", "recv"
+        message = _("waited {pg_timeout:g} s in a {op} whose partner's matching {other} never "
+                    "came (process-group timeout)").format(
+            pg_timeout=pg_timeout, op=p2p, other="recv" if p2p == "send" else "send")
     elif waits_on_handle(failure.traceback):
-        message = (f"waited {pg_timeout:g} s on a request handle that never completed "
-                   "(process-group timeout)")
+        message = _("waited {pg_timeout:g} s on a request handle that never completed "
+                    "(process-group timeout)").format(pg_timeout=pg_timeout)
     else:
-        message = (f"waited {pg_timeout:g} s in a collective that not every rank joined "
-                   "(process-group timeout)")
+        message = _("waited {pg_timeout:g} s in a collective that not every rank joined "
+                    "(process-group timeout)").format(pg_timeout=pg_timeout)
     return dataclasses.replace(failure, reason=Reason.TIMEOUT, message=message)
 
 
@@ -351,12 +363,16 @@ def group_destroyed(destroyers: Sequence[int], waiting: dict[int, RankFailure], 
     waiting = dict(sorted(waiting.items()))
     causes = {r: RankFailure(r, Reason.DESTROYED_GROUP) for r in sorted(destroyers)} | waiting
     returned = [r for r in finished if r not in causes]
-    groups = "its process group" if len(destroyers) == 1 else "their process groups"
-    where = ("a send or recv" if all(p2p_wait(f.traceback) for f in waiting.values())
-             else "a collective")
-    summary = (f"{ranks_text(sorted(destroyers))} destroyed {groups} "
-               f"(dist.destroy_process_group() in your function) while {ranks_text(waiting)} "
-               f"still waited in {where}: leave the group to the launcher")
+    destroyed = (N_("{ranks} destroyed its process group (dist.destroy_process_group() in your "
+                    "function) while {waiting} still waited in {where}: leave the group to the "
+                    "launcher") if len(destroyers) == 1
+                 else N_("{ranks} destroyed their process groups (dist.destroy_process_group() "
+                         "in your function) while {waiting} still waited in {where}: leave the "
+                         "group to the launcher"))
+    where = (_("a send or recv") if all(p2p_wait(f.traceback) for f in waiting.values())
+             else _("a collective"))
+    summary = _(destroyed).format(ranks=ranks_text(sorted(destroyers)),
+                                  waiting=ranks_text(waiting), where=where)
     return LaunchError(causes, output=output, finished=returned,
                        stopped=[r for r in range(len(output)) if r not in causes
                                 and r not in returned],
@@ -375,15 +391,16 @@ def launch_timeout(stuck: dict[int, RankFailure], *, output: list[str],
 
 def unguarded_launch(failures: dict[int, RankFailure], *, output: list[str]) -> UnguardedLaunch:
     main = getattr(sys.modules.get("__main__"), "__file__", None)
-    script = os.path.basename(main) if main else "the main module"
-    summary = (
-        f"{script} calls dl.launch when it is imported, and every rank imports it again: "
+    script = os.path.basename(main) if main else _("the main module")
+    summary = _(
+        "{script} calls dl.launch when it is imported, and every rank imports it again: "
         "under the 'forkserver' and 'spawn' start methods a rank is a fresh process that "
         "imports the main script (as __mp_main__) to find fn, so the launch at its top level "
         "ran again in each rank instead of fn. Put the code that launches under\n\n"
         '    if __name__ == "__main__":\n'
         "        dl.launch(...)\n\n"
-        "and keep the functions the ranks run at the top level, outside it.")
+        "and keep the functions the ranks run at the top level, outside it.").format(
+            script=script)
     return UnguardedLaunch(failures, output=output, finished=[], stopped=[],
                            world_size=len(output), summary=summary)
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dpmp_lab._helpers import ranks_text
+from dpmp_lab.i18n.messages import N_, _
 
 PREFIX = "flight_rank_"   # torch's file names: <prefix><rank>, what fr_trace reads
 BUFFER_ENTRIES = "2000"   # entries kept per process, unless the caller set a size
@@ -142,16 +143,25 @@ def save(records: Mapping[int, dict], folder: str) -> list[str]:
 class Entry:
     """One collective (or send/recv) a rank issued, as the learner reads it."""
 
-    group: str       # "the default group", or "group 1"
-    seq: int         # the group's collective number (the same on every rank of the group)
-    op: str          # "all_reduce", "send 0->1"
-    shapes: str      # "[4] float32"
+    group: str | None  # the group's name in the record ("1"); None: the default group
+    seq: int           # the group's collective number (the same on every rank of the group)
+    op: str            # "all_reduce", "send 0->1"
+    shapes: str        # "[4] float32"
     p2p: bool
     completed: bool
 
     def __str__(self) -> str:
         call = f"{self.op}({self.shapes})"
-        return call if self.p2p else f"collective #{self.seq}, {call}"
+        if self.p2p:
+            return call
+        return _("collective #{seq}, {call}").format(seq=self.seq, call=call)
+
+
+def _group_name(group: str | None) -> str:
+    """A group as the learner reads it, in the language of the moment (see Entry.group)."""
+    if group is None:
+        return _("the default group")
+    return _("group {name}").format(name=group)
 
 
 _DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16",
@@ -166,7 +176,7 @@ def entries(record: Mapping[str, Any]) -> list[Entry]:
             continue
         group = e.get("process_group") or ("?", "")
         name, desc = (list(group) + ["", ""])[:2]
-        label = "the default group" if desc == "default_pg" or name == "0" else f"group {name}"
+        label = None if desc == "default_pg" or name == "0" else str(name)
         op = str(e.get("profiling_name", "?")).split(":", 1)[-1]
         dtypes = [_DTYPES.get(d, str(d).lower()) for d in e.get("input_dtypes") or []]
         sizes = e.get("input_sizes") or []
@@ -184,7 +194,7 @@ def summary(records: Mapping[int, Mapping[str, Any]], world_size: int) -> str:
     at the same place. Empty when there is no record."""
     if not records:
         return ""
-    lasts: dict[str, dict[int, Entry]] = {}
+    lasts: dict[str | None, dict[int, Entry]] = {}
     pending_p2p: dict[int, Entry] = {}
     for rank, record in sorted(records.items()):
         for entry in entries(record):
@@ -195,18 +205,18 @@ def summary(records: Mapping[int, Mapping[str, Any]], world_size: int) -> str:
             else:
                 lasts.setdefault(entry.group, {})[rank] = entry
     lines = []
-    for group, last in sorted(lasts.items(), key=lambda kv: kv[0] != "the default group"):
-        lines += _group_lines(group, last, sorted(records) if group == "the default group"
-                              else sorted(last))
+    for group, last in sorted(lasts.items(), key=lambda kv: kv[0] is not None):
+        lines += _group_lines(_group_name(group), last,
+                              sorted(records) if group is None else sorted(last))
     for rank, entry in sorted(pending_p2p.items()):
-        lines.append(f"rank {rank} waits in {entry}")
+        lines.append(_("rank {rank} waits in {entry}").format(rank=rank, entry=entry))
     missing = [r for r in range(world_size) if r not in records]
     if missing:
-        lines.append(f"{ranks_text(missing)}: no record (the process ended before it could "
-                     "write one)")
+        lines.append(_("{ranks}: no record (the process ended before it could write "
+                       "one)").format(ranks=ranks_text(missing)))
     if not lines:
         return ""
-    head = "Flight recorder (what torch.distributed recorded each rank issuing):"
+    head = _("Flight recorder (what torch.distributed recorded each rank issuing):")
     return "\n".join([head] + ["  " + line for line in lines])
 
 
@@ -218,26 +228,34 @@ def _group_lines(group: str, last: dict[int, Entry], members: list[int]) -> list
     kinds = {(e.op, e.shapes) for e in ahead.values()}
     if not behind and not issued_none:
         if len(kinds) > 1:
-            told = "; ".join(f"rank {r} {e.op}({e.shapes})" for r, e in sorted(ahead.items()))
-            return [f"{group}, collective #{top}: the ranks issued different collectives ({told})"]
+            told = "; ".join(_("rank {rank} {call}").format(rank=r, call=f"{e.op}({e.shapes})")
+                             for r, e in sorted(ahead.items()))
+            return [_("{group}, collective #{seq}: the ranks issued different collectives "
+                      "({told})").format(group=group, seq=top, told=told)]
         if all(e.completed for e in ahead.values()):
             return []   # this group agrees and finished: not where the hang is
         waiting = sorted(r for r, e in ahead.items() if not e.completed)
-        return [f"{group}: every rank issued {next(iter(ahead.values()))}; "
-                f"{ranks_text(waiting)} still {_verb('wait', waiting)} in it"]
-    example = ahead[min(ahead)]
+        still = (N_("{group}: every rank issued {entry}; {ranks} still waits in it")
+                 if len(waiting) == 1 else
+                 N_("{group}: every rank issued {entry}; {ranks} still wait in it"))
+        return [_(still).format(group=group, entry=next(iter(ahead.values())),
+                                ranks=ranks_text(waiting))]
     waiting = sorted(r for r, e in ahead.items() if not e.completed)
     if waiting == sorted(ahead):
-        told = f" and {_verb('wait', waiting)} in it"
+        issued = (N_("{group}: {ranks} issued {entry} and waits in it") if len(waiting) == 1
+                  else N_("{group}: {ranks} issued {entry} and wait in it"))
+    elif waiting:
+        issued = (N_("{group}: {ranks} issued {entry}; {waiting} waits in it")
+                  if len(waiting) == 1 else
+                  N_("{group}: {ranks} issued {entry}; {waiting} wait in it"))
     else:
-        told = f"; {ranks_text(waiting)} {_verb('wait', waiting)} in it" if waiting else ""
-    lines = [f"{group}: {ranks_text(sorted(ahead))} issued {example}{told}"]
+        issued = N_("{group}: {ranks} issued {entry}")
+    lines = [_(issued).format(group=group, ranks=ranks_text(sorted(ahead)),
+                              entry=ahead[min(ahead)], waiting=ranks_text(waiting))]
     for r, e in sorted(behind.items()):
-        lines.append(f"{group}: rank {r} never issued collective #{top}; its last was {e}")
+        lines.append(_("{group}: rank {rank} never issued collective #{seq}; its last was "
+                       "{entry}").format(group=group, rank=r, seq=top, entry=e))
     if issued_none:
-        lines.append(f"{group}: {ranks_text(issued_none)} issued no collective at all")
+        lines.append(_("{group}: {ranks} issued no collective at all").format(
+            group=group, ranks=ranks_text(issued_none)))
     return lines
-
-
-def _verb(verb: str, ranks: list[int]) -> str:
-    return verb + "s" if len(ranks) == 1 else verb

@@ -12,11 +12,14 @@ import sys
 from typing import Any
 
 from dpmp_lab._helpers import ipython_shell
+from dpmp_lab.i18n.messages import N_, _
 from dpmp_lab.launcher.protocol import RankState
 
-# what the learner reads for each state
-_WORDS = {RankState.STARTING: "starting", RankState.RUNNING: "running",
-          RankState.RETURNED: "done", RankState.FAILED: "failed", RankState.STOPPED: "stopped"}
+# what the learner reads for each state (in the language of the moment: `_(word)`); the English
+# word also names the label's colour and its CSS class
+_WORDS = {RankState.STARTING: N_("starting"), RankState.RUNNING: N_("running"),
+          RankState.RETURNED: N_("done"), RankState.FAILED: N_("failed"),
+          RankState.STOPPED: N_("stopped")}
 _COLOURS = {"starting": "#bbb", "running": "#4e79a7", "done": "#59a14f", "failed": "#e15759",
             "stopped": "#999"}
 
@@ -53,10 +56,12 @@ class Progress:
         word = _WORDS.get(state, state)
         return (f'<span class="dpmp-rank dpmp-rank-{word}" style="background:{_COLOURS[word]};'
                 'color:white;border-radius:4px;padding:1px 6px;margin-right:4px;'
-                f'font-family:monospace">rank {rank}: {word}</span>')
+                'font-family:monospace">' + _("rank {rank}: {state}").format(
+                    rank=rank, state=_(word)) + '</span>')
 
     def text(self) -> str:
-        return "ranks: " + ", ".join(f"{r} {_WORDS.get(s, s)}" for r, s in enumerate(self.states))
+        return _("ranks: {states}").format(states=", ".join(
+            f"{r} {_(_WORDS.get(s, s))}" for r, s in enumerate(self.states)))
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
         bundle = {"text/plain": self.text()}

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
+from dpmp_lab.i18n.messages import _
 from dpmp_lab.launcher import failures, serialize
 from dpmp_lab.launcher.failures import RankFailure, Reason
 from dpmp_lab.launcher.protocol import MESSAGE_MARGIN, Raised, Returned, Started
@@ -58,4 +59,5 @@ def receive(conn: Connection, rank: int, limit: int) -> Started | Result | RankF
         case Raised(exc_type=exc_type, message=text, traceback=tb, exitcode=exitcode):
             return RankFailure(rank, Reason.EXCEPTION, exc_type=exc_type, message=text,
                                traceback=tb, exitcode=exitcode)
-    return failures.unreadable(rank, TypeError(f"a {type(message).__name__} is no message"))
+    return failures.unreadable(rank, TypeError(_("a {kind} is no message").format(
+        kind=type(message).__name__)))
