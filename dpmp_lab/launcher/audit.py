@@ -49,6 +49,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
 
 from dpmp_lab._torch_helpers import tensors_in
+from dpmp_lab.i18n.messages import N_, _
 from dpmp_lab.trace import watch_calls
 
 # The audit's stand-in for this rank's GPU. A torch.device with an index is kept by the factory
@@ -57,20 +58,28 @@ AUDIT_DEVICE = torch.device("cpu", 0)
 
 HOST, DEVICE = "host", "device"
 
-_FIX = ("On a GPU server each rank computes on its GPU (dl.device() is cuda:<rank>) and nccl "
-        "moves GPU memory only: create tensors with device=dl.device() (or torch.zeros_like / "
-        "x.new_zeros(...) of a tensor already there), move data with .to(dl.device()), and "
-        "move a model once with model.to(dl.device()).")
+_FIX = N_("On a GPU server each rank computes on its GPU (dl.device() is cuda:<rank>) and nccl "
+          "moves GPU memory only: create tensors with device=dl.device() (or torch.zeros_like / "
+          "x.new_zeros(...) of a tensor already there), move data with .to(dl.device()), and "
+          "move a model once with model.to(dl.device()).")
 
 
 class DeviceAuditError(RuntimeError):
     """Code inside a rank would put data on the wrong device on a GPU server."""
 
 
+# Where a host tensor came from, kept as data: its words are made only when a message says
+# them (`_origin`), in the language of that moment. A site is the file, line and source of the
+# learner's line that made it (`_site`; () where none was found); _SENT: it arrived by value
+# from the notebook; "": not known.
+_Site = tuple
+_SENT = "sent"
+
+
 @dataclass(frozen=True)
 class _Mark:
-    where: str            # HOST or DEVICE
-    born: str = ""        # for a host tensor: the line that made it, as a learner reads it
+    where: str                # HOST or DEVICE
+    born: _Site | str = ""    # for a host tensor: a site, _SENT or ""
 
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
@@ -130,7 +139,7 @@ class _Audit:
     # -- failing ------------------------------------------------------------------------------
 
     def fail(self, message: str) -> None:
-        text = "device audit: " + message
+        text = _("device audit: {message}").format(message=message)
         with self.lock:
             self.problems.append(text)
         raise DeviceAuditError(text)
@@ -148,7 +157,7 @@ def mark_host(obj: Any) -> Any:
     """Mark every tensor in obj as living on the CPU (what arrives by value from the notebook)."""
     if _audit is not None:
         for t in tensors_in(obj, levels=8, modules=True):
-            _audit.mark(t, _Mark(HOST, "was sent from the notebook, so it arrives on the CPU"))
+            _audit.mark(t, _Mark(HOST, _SENT))
     return obj
 
 
@@ -165,9 +174,10 @@ def auditing() -> Iterator[None]:
         with watch_calls(_check_collective), _hooks_audited(audit), _Mode(audit):
             yield
         if audit.problems:   # raised where it happened, but caught by the code in between
-            raise DeviceAuditError(audit.problems[0] + (
-                f"\n({len(audit.problems)} such problems; the code caught the first error)"
-                if len(audit.problems) > 1 else "\n(the code caught this error and went on)"))
+            raise DeviceAuditError(audit.problems[0] + "\n" + (
+                _("({n} such problems; the code caught the first error)").format(
+                    n=len(audit.problems))
+                if len(audit.problems) > 1 else _("(the code caught this error and went on)")))
     finally:
         _audit = None
 
@@ -273,11 +283,13 @@ class _Mode(TorchFunctionMode):
         if prop == "grad" and isinstance(value, torch.Tensor):
             mine, theirs = self.audit.where(target), self.audit.where(value)
             if mine is not None and theirs is not None and mine.where != theirs.where:
-                self.audit.fail(
-                    f"a gradient on {'the CPU' if theirs.where == HOST else 'the device'} is "
-                    f"assigned to a parameter on {'the CPU' if mine.where == HOST else 'the device'}"
-                    f" ({_where_used()}): on a GPU server a gradient must live where its "
-                    f"parameter does. {_FIX}")
+                self.audit.fail(_(
+                    N_("a gradient on the CPU is assigned to a parameter on the device ({where}): "
+                       "on a GPU server a gradient must live where its parameter does. {fix}")
+                    if theirs.where == HOST else
+                    N_("a gradient on the device is assigned to a parameter on the CPU ({where}): "
+                       "on a GPU server a gradient must live where its parameter does. {fix}")
+                ).format(where=_where_used(), fix=_(_FIX)))
         result = func(*args, **kwargs)
         if prop == "data" and isinstance(value, torch.Tensor):
             self._copy_mark(value, target)
@@ -331,9 +343,10 @@ class _Mode(TorchFunctionMode):
         if name in _RANDOM:
             self._check_generator(name, args, kwargs, inputs, device_kw)
         if name in ("numpy", "__array__") and on_device:
-            self.audit.fail(
-                f"{name}() of a tensor on this rank's device ({_where_used()}): on a GPU this "
-                "fails (numpy lives on the CPU); call .cpu() first, or .tolist() / .item().")
+            self.audit.fail(_(
+                "{name}() of a tensor on this rank's device ({where}): on a GPU this fails "
+                "(numpy lives on the CPU); call .cpu() first, or .tolist() / .item().").format(
+                    name=name, where=_where_used()))
         result = func(*args, **kwargs)
         outputs = [t for t in tensors_in(result, levels=2) if not any(t is i for i in inputs)]
         if not outputs:
@@ -364,19 +377,21 @@ class _Mode(TorchFunctionMode):
         else:
             return
         if target is not None and target.where == DEVICE:
-            self.audit.fail(
-                f"{name}(..., generator=g) draws on this rank's device with a CPU generator "
-                f"({_where_used()}). On a GPU that is an error, and a GPU generator would draw "
-                "other numbers than the notebook's reference: draw on the CPU with the seeded "
-                "generator, then move the result with .to(dl.device()).")
+            self.audit.fail(_(
+                "{name}(..., generator=g) draws on this rank's device with a CPU generator "
+                "({where}). On a GPU that is an error, and a GPU generator would draw other "
+                "numbers than the notebook's reference: draw on the CPU with the seeded "
+                "generator, then move the result with .to(dl.device()).").format(
+                    name=name, where=_where_used()))
 
     def _mixing(self, name, host, device_tensor) -> None:
         t, mark = host
-        self.audit.fail(
-            f"{name}() mixes a tensor on this rank's device with a CPU tensor of shape "
-            f"{list(t.shape)} ({_where_used()}).\n  That CPU tensor {_origin(mark)}.\n"
-            f"  On a GPU server this fails with \"Expected all tensors to be on the same "
-            f"device\". {_FIX}")
+        self.audit.fail(_(
+            "{name}() mixes a tensor on this rank's device with a CPU tensor of shape {shape} "
+            "({where}).\n  That CPU tensor {origin}.\n  On a GPU server this fails with "
+            "\"Expected all tensors to be on the same device\". {fix}").format(
+                name=name, shape=list(t.shape), where=_where_used(), origin=_origin(mark),
+                fix=_(_FIX)))
 
     def _copy_mark(self, source: torch.Tensor, target: torch.Tensor) -> None:
         mark = self.audit.where(source)
@@ -391,11 +406,13 @@ def _check_collective(op: str, tensors: list[torch.Tensor]) -> None:
     for t in tensors:
         mark = audit.where(t)
         if mark is not None and mark.where == HOST:
-            what = {"send": "dist.send", "recv": "dist.recv"}.get(
-                op, ("an " if op[0] in "aeiou" else "a ") + op)
-            audit.fail(
-                f"{what} was handed a CPU tensor of shape {list(t.shape)} "
-                f"({_where_used()}).\n  That tensor {_origin(mark)}.\n  {_FIX}")
+            what = {"send": "dist.send", "recv": "dist.recv"}.get(op) or _(
+                N_("an {op}") if op[0] in "aeiou" else N_("a {op}")).format(op=op)
+            audit.fail(_(
+                "{what} was handed a CPU tensor of shape {shape} ({where}).\n"
+                "  That tensor {origin}.\n  {fix}").format(
+                    what=what, shape=list(t.shape), where=_where_used(), origin=_origin(mark),
+                    fix=_(_FIX)))
 
 
 # -- helpers -----------------------------------------------------------------------------------
@@ -465,29 +482,43 @@ def _user_frame():
     return None
 
 
-def _describe(frame) -> str:
+def _site(frame) -> _Site:
+    """The file, line and source of a frame of the learner's, kept until a message says them."""
     if frame is None:
-        return "in dpmp_lab's or torch's code"
+        return ()
     path, line = frame.f_code.co_filename, frame.f_lineno
-    source = linecache.getline(path, line).strip()
-    where = f"{_short(path)}, line {line}"
-    return f"{where}: `{source}`" if source else where
+    return path, line, linecache.getline(path, line).strip()
 
 
-def _born() -> str:
-    return "was made at " + _describe(_user_frame()) + ", without device=dl.device()"
+def _describe(site: _Site) -> str:
+    if not site:
+        return _("in dpmp_lab's or torch's code")
+    path, line, source = site
+    if source:
+        return _("{file}, line {line}: `{source}`").format(
+            file=_short(path), line=line, source=source)
+    return _("{file}, line {line}").format(file=_short(path), line=line)
+
+
+def _born() -> _Site:
+    return _site(_user_frame())
 
 
 def _where_used() -> str:
-    return "at " + _describe(_user_frame())
+    return _("at {where}").format(where=_describe(_site(_user_frame())))
 
 
 def _origin(mark: _Mark) -> str:
-    return mark.born or "lives on the CPU"
+    if mark.born == _SENT:
+        return _("was sent from the notebook, so it arrives on the CPU")
+    if isinstance(mark.born, tuple):
+        return _("was made at {where}, without device=dl.device()").format(
+            where=_describe(mark.born))
+    return _("lives on the CPU")
 
 
 def _short(path: str) -> str:
     """A notebook cell's file is a temporary path: say "the cell" with its line instead."""
     if "ipykernel" in path or path.startswith("<"):
-        return "cell"
+        return _("cell")
     return path

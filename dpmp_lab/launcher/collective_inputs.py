@@ -18,6 +18,7 @@ from collections.abc import Iterator
 
 import torch
 
+from dpmp_lab.i18n.messages import _
 from dpmp_lab.trace import watch_calls
 
 
@@ -31,13 +32,14 @@ def refuse_shared_elements(op: str, tensors: list[torch.Tensor]) -> None:
     """A trace.watch_calls watcher: raise before the call reaches the backend."""
     for t in tensors:
         if isinstance(t, torch.Tensor) and t.layout == torch.strided and shares_elements(t):
-            raise ValueError(
-                f"{op} was handed a tensor of shape {tuple(t.shape)} whose elements share memory "
-                f"(strides {t.stride()}: an expanded view, such as the gradient that "
-                "loss.sum().backward() starts from, one number broadcast to the output's "
-                "shape). A collective writes every element of its tensor in place, and the "
-                "backends crash or corrupt memory on such a view: communicate on a tensor that "
-                "owns its elements. [hint: comm.shared_elements]")
+            raise ValueError(_(
+                "{op} was handed a tensor of shape {shape} whose elements share memory (strides "
+                "{strides}: an expanded view, such as the gradient that loss.sum().backward() "
+                "starts from, one number broadcast to the output's shape). A collective writes "
+                "every element of its tensor in place, and the backends crash or corrupt memory "
+                "on such a view: communicate on a tensor that owns its elements. "
+                "[hint: comm.shared_elements]").format(
+                    op=op, shape=tuple(t.shape), strides=t.stride()))
 
 
 @contextlib.contextmanager

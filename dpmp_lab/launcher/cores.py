@@ -7,7 +7,7 @@ gets, and the affinity does not see it: a container given 4 CPUs of a 64-core se
 affinity of 64. `DPMP_LAB_CORES` overrides both (an instructor sharing a server between
 learners says how many each one's ranks should assume).
 
-Imports nothing from dpmp_lab.
+Imports nothing from dpmp_lab but `_()`, for the words of its one error.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
+
+from dpmp_lab.i18n.messages import _
 
 __all__ = ["CORES_ENV", "cgroup_cpu_limit", "usable_cores"]
 
@@ -55,7 +57,7 @@ def cgroup_cpu_limit(proc_cgroup: str | None = None, fs: Path = _CGROUP_FS) -> f
             return None
     limits = []
     for line in proc_cgroup.splitlines():
-        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        _hierarchy, controllers, path = (line.split(":", 2) + ["", ""])[:3]
         if controllers == "":                       # cgroup v2: one unified hierarchy
             limits += [q for f in _ancestors(fs, path) if (q := _quota_v2(f)) is not None]
         elif "cpu" in controllers.split(","):       # cgroup v1: the cpu controller's own
@@ -71,7 +73,8 @@ def usable_cores(proc_cgroup: str | None = None, fs: Path = _CGROUP_FS) -> int:
     if os.environ.get(CORES_ENV, "").strip():
         text = os.environ[CORES_ENV].strip()
         if not text.isdigit() or int(text) < 1:
-            raise ValueError(f"{CORES_ENV}={text!r}: give a whole number of cores, 1 or more")
+            raise ValueError(_("{name}={text!r}: give a whole number of cores, 1 or more").format(
+                name=CORES_ENV, text=text))
         return int(text)
     try:
         cores = len(os.sched_getaffinity(0))

@@ -50,6 +50,7 @@ import dpmp_lab
 import dpmp_lab.integrity as integrity
 from dpmp_lab import context
 from dpmp_lab.context import RankContext, nccl_backend
+from dpmp_lab.i18n.messages import _
 from dpmp_lab.launcher import audit, collective_inputs, flight, processes, serialize
 from dpmp_lab.launcher.protocol import (
     MAX_RESULT_BYTES,
@@ -224,9 +225,9 @@ def _load_payload(spec: RankSpec) -> tuple[Any, tuple, dict]:
         # would on a GPU server.
         return audit.loads(spec.payload) if spec.device_audit else serialize.loads(spec.payload)
     except BaseException as exc:
-        raise RuntimeError(
-            f"rank {spec.rank} could not load the function and its arguments: "
-            f"{type(exc).__name__}: {exc}"
+        raise RuntimeError(_(
+            "rank {rank} could not load the function and its arguments: {kind}: {error}").format(
+                rank=spec.rank, kind=type(exc).__name__, error=exc)
         ) from exc
 
 
@@ -280,10 +281,11 @@ def _send_result(conn, value, trace, *, limit: int, destroyed_group: bool) -> No
     try:
         pickled = serialize.dumps(value)
     except Exception as exc:
-        raise TypeError(
-            f"the function returned a {type(value).__name__} that cannot be sent back to the "
-            f"notebook ({type(exc).__name__}: {exc}). Return plain Python values, numbers or "
-            "tensors (for a DTensor, return .full_tensor() or .to_local())."
+        raise TypeError(_(
+            "the function returned a {kind} that cannot be sent back to the notebook "
+            "({error_kind}: {error}). Return plain Python values, numbers or tensors (for a "
+            "DTensor, return .full_tensor() or .to_local()).").format(
+                kind=type(value).__name__, error_kind=type(exc).__name__, error=exc)
         ) from exc
     pickled_trace = serialize.dumps(trace)
     check_result_size(len(pickled) + len(pickled_trace), limit)
@@ -294,11 +296,11 @@ def check_result_size(size: int, limit: int) -> None:
     """Refuse a result over the launch's max_result_bytes here, where the error names the
     rank, instead of making the notebook read it."""
     if size > limit:
-        raise ValueError(
-            f"the function's result is {human_bytes(size)} pickled ({size:,} bytes), over the "
-            f"launch's limit of {human_bytes(limit)} (max_result_bytes={limit:,}). Return "
-            "less (a summary, a slice, a smaller dtype), or raise the limit: "
-            "dl.launch(..., max_result_bytes=...)."
+        raise ValueError(_(
+            "the function's result is {pickled} pickled ({size:,} bytes), over the launch's "
+            "limit of {most} (max_result_bytes={limit:,}). Return less (a summary, a slice, a "
+            "smaller dtype), or raise the limit: dl.launch(..., max_result_bytes=...).").format(
+                pickled=human_bytes(size), size=size, most=human_bytes(limit), limit=limit)
         )
 
 
