@@ -838,7 +838,11 @@ async def _grade_in_one_job(name: str) -> dict[str, KernelGrade]:
             if not part.strip():
                 continue
             step = nbformat.v4.new_code_cell(part)
+            # each part gets a cell's time for its requests to the learner's kernel, as
+            # run_notebook gives each cell (the relay counts from the cell's start)
+            relay.index, relay.cell_started = index, time.monotonic()
             await harness.async_execute_cell(step, index)
+            relay.raise_failure()   # the learner's kernel lost: the job fails, saying why
             errors = ["\n".join(o.get("traceback", [])) for o in step.outputs
                       if o.output_type == "error"]
             if errors and meta.get("grade"):
@@ -912,7 +916,7 @@ async def _grade_in_one_job(name: str) -> dict[str, KernelGrade]:
     results: dict = {"(skipping)": {}}
     client.reset_execution_trackers()
     async with harness_beside(client, the_plan.learner_names, timeout=600,
-                              allow_errors=True) as (harness, _):
+                              allow_errors=True) as (harness, relay):
         await client.async_wait_for_reply(await ensure_async(client.kc.kernel_info()))
         step = nbformat.v4.new_code_cell(_checkpoints_source())
         await client.async_execute_cell(step, 0)
