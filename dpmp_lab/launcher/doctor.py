@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 import dpmp_lab
 from dpmp_lab.context import device
+from dpmp_lab.i18n.messages import N_, _
 from dpmp_lab.instructor import sandbox
 from dpmp_lab.launcher.launch import launch, usable_cores, visible_gpus
 from dpmp_lab.launcher.nvidia import gpu_problem, nvidia_smi
@@ -26,13 +27,15 @@ def _all_reduce_check(expected: float) -> dict:
     t = torch.ones(4, device=dev) * (dist.get_rank() + 1)
     dist.all_reduce(t)
     if not torch.allclose(t, torch.full((4,), expected, device=dev)):
-        raise AssertionError(f"all_reduce on {dev} gave {t.tolist()}, expected {expected}")
+        raise AssertionError(_("all_reduce on {device} gave {values}, expected {expected}").format(
+            device=dev, values=t.tolist(), expected=expected))
     out = {"device": str(dev), "sum": float(t[0])}
     if dev.type == "cuda":
         c = torch.ones(2) * (dist.get_rank() + 1)
         dist.all_reduce(c)
         if float(c[0]) != expected:
-            raise AssertionError(f"all_reduce of a CPU tensor gave {c.tolist()}")
+            raise AssertionError(_("all_reduce of a CPU tensor gave {values}").format(
+                values=c.tolist()))
         props = torch.cuda.get_device_properties(dev)
         out["gpu"] = f"{props.name}, {props.total_memory / 2**30:.0f} GiB"
     return out
@@ -43,25 +46,29 @@ def backend_plan(gpus: int, nccl: bool, sizes: tuple[int, ...] = (1, 2, 4, 8)) -
     lines = []
     for n in sizes:
         if nccl and gpus >= n:
-            lines.append(f"world size {n}: nccl on cuda:0..{n - 1} (cpu:gloo,cuda:nccl: CPU "
-                         "tensors through gloo)")
+            line = N_("world size {n}: nccl on cuda:0..{last} (cpu:gloo,cuda:nccl: CPU tensors "
+                      "through gloo)")
+        elif not nccl and gpus:
+            line = N_("world size {n}: gloo on the CPU (no NCCL in this torch)")
         else:
-            why = "no NCCL in this torch" if not nccl and gpus else f"{gpus} GPU(s) < {n} ranks"
-            lines.append(f"world size {n}: gloo on the CPU ({why})")
+            line = N_("world size {n}: gloo on the CPU ({gpus} GPU(s) < {n} ranks)")
+        lines.append(_(line).format(n=n, last=n - 1, gpus=gpus))
     return lines
 
 
 def _launch_check(label: str, n: int, backend: str, timeout: float) -> bool:
-    print(f"launching   {label}: {n} rank(s), backend={backend!r}, one all_reduce ...",
-          flush=True)
+    doing = _("{label}: {n} rank(s), backend={backend!r}, one all_reduce ...")
+    print("launching   " + doing.format(label=label, n=n, backend=backend), flush=True)
     try:
         res = launch(_all_reduce_check, float(n * (n + 1) / 2), world_size=n,
                      backend=backend, timeout=timeout, stream=False, device_audit=False)
     except Exception as exc:  # the doctor's job is to say what went wrong, whatever it was
-        print(f"            FAILED: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print("            " + _("FAILED: {why}").format(why=f"{type(exc).__name__}: {exc}"),
+              file=sys.stderr)
         return False
     gpus = sorted({v["gpu"] for v in res.values if "gpu" in v})
-    print(f"            ok: {res.describe()}" + (f"; {', '.join(gpus)}" if gpus else ""))
+    print("            " + (_("ok: {result}; {gpus}") if gpus else _("ok: {result}")).format(
+        result=res.describe(), gpus=", ".join(gpus)))
     return True
 
 
@@ -70,19 +77,25 @@ def check_machine(world_size: int = 2, backend: str = "auto", timeout: float = 6
     with backend="auto", and on a GPU machine nccl itself (2 ranks, or 1 with one GPU)."""
     print(f"dpmp_lab    {dpmp_lab.__version__} ({Path(dpmp_lab.__file__).parent})")
     print(f"python      {platform.python_version()} ({sys.executable})")
-    print(f"torch       {torch.__version__} (CUDA build: {torch.version.cuda or 'no'})")
+    build = (_("{version} (CUDA build: {cuda})") if torch.version.cuda
+             else _("{version} (CUDA build: no)"))
+    print("torch       " + build.format(version=torch.__version__, cuda=torch.version.cuda))
     backends = [b for b, ok in (("gloo", dist.is_gloo_available()),
                                 ("nccl", dist.is_nccl_available()),
                                 ("mpi", dist.is_mpi_available())) if ok]
-    print(f"backends    {', '.join(backends) or 'none'}")
+    print(f"backends    {', '.join(backends) or _('none')}")
     gpus = visible_gpus()
     shown = os.environ.get("CUDA_VISIBLE_DEVICES")
     listed, driver = nvidia_smi()
-    print(f"GPUs        {gpus} visible" + (f" (CUDA_VISIBLE_DEVICES={shown})" if shown else "")
-          + (f"; nvidia-smi lists {listed}, driver {driver or 'unknown'}" if listed else ""))
+    seen = (_("{n} visible (CUDA_VISIBLE_DEVICES={shown})") if shown else
+            _("{n} visible")).format(n=gpus, shown=shown)
+    if listed:
+        seen += "; " + _("nvidia-smi lists {listed}, driver {driver}").format(
+            listed=listed, driver=driver or _("unknown"))
+    print(f"GPUs        {seen}")
     problem = gpu_problem(torch.version.cuda, gpus, listed, driver, hidden=shown is not None)
     if problem:
-        print(f"            FAILED: {problem}", file=sys.stderr)
+        print("            " + _("FAILED: {why}").format(why=problem), file=sys.stderr)
     print(f"CPU cores   {usable_cores()}")
     for line in backend_plan(gpus, dist.is_nccl_available()):
         print(f"auto        {line}")
@@ -91,13 +104,13 @@ def check_machine(world_size: int = 2, backend: str = "auto", timeout: float = 6
         n = 2 if gpus >= 2 else 1
         ok = _launch_check("nccl", n, "nccl", timeout) and ok
     elif gpus:
-        print("nccl        skipped: this torch build has no NCCL")
+        print("nccl        " + _("skipped: this torch build has no NCCL"))
     else:
-        print("nccl        skipped: no GPU visible (the course runs on gloo and the CPU)")
+        print("nccl        " + _("skipped: no GPU visible (the course runs on gloo and the CPU)"))
     why = sandbox.problem()
-    print("sandbox     " + (f"NOT available: {why}" if why else
-                            "works (bubblewrap): `dpmp-lab grade` runs each submission in one"))
-    print("all checks passed" if ok else "some checks FAILED")
+    print("sandbox     " + (_("NOT available: {why}").format(why=why) if why else
+                            _("works (bubblewrap): `dpmp-lab grade` runs each submission in one")))
+    print(_("all checks passed") if ok else _("some checks FAILED"))
     return 0 if ok else 1
 
 

@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from dpmp_lab._helpers import positive_seconds, short_repr, whole_number
 from dpmp_lab.context import nccl_backend
-from dpmp_lab.i18n.messages import _
+from dpmp_lab.i18n.messages import N_, _
 from dpmp_lab.launcher import serialize
 from dpmp_lab.launcher.cores import usable_cores
 from dpmp_lab.launcher.failures import (
@@ -94,16 +94,20 @@ class LaunchResult:
     def describe(self) -> str:
         """One line: where the ranks computed and which backend served which device."""
         n = self.world_size
-        served = ", ".join(f"{dev.upper()} tensors through {name}"
+        through = _("{device} tensors through {backend}")
+        served = ", ".join(through.format(device=dev.upper(), backend=name)
                            for dev, name in self.backends.items())
         if self.device_audit:
-            where = (f"{n} ranks on the CPU under the device audit (dl.device() is cpu:0, its "
-                     "stand-in for a GPU)")
+            where = (N_("{n} ranks on the CPU under the device audit (dl.device() is cpu:0, its "
+                        "stand-in for a GPU)") if n > 1 else
+                     N_("1 rank on the CPU under the device audit (dl.device() is cpu:0, its "
+                        "stand-in for a GPU)"))
         elif "cuda" in self.backends:
-            where = f"{n} ranks on cuda:0..cuda:{n - 1}" if n > 1 else "1 rank on cuda:0"
+            where = N_("{n} ranks on cuda:0..cuda:{last}") if n > 1 else N_("1 rank on cuda:0")
         else:
-            where = f"{n} rank{'s' if n > 1 else ''} on the CPU"
-        return f"{where}; {served}; {self.wall_time:.2f} s"
+            where = N_("{n} ranks on the CPU") if n > 1 else N_("{n} rank on the CPU")
+        return _("{where}; {served}; {seconds:.2f} s").format(
+            where=_(where).format(n=n, last=n - 1), served=served, seconds=self.wall_time)
 
     def __getitem__(self, rank: int) -> Any:
         return self.values[rank]

@@ -14,6 +14,8 @@ from __future__ import annotations
 import shutil
 import subprocess
 
+from dpmp_lab.i18n.messages import N_, _
+
 __all__ = ["MIN_DRIVER", "gpu_problem", "nvidia_smi"]
 
 # The oldest driver each CUDA major release runs on (minor version compatibility): NVIDIA,
@@ -52,20 +54,26 @@ def gpu_problem(torch_cuda: str | None, torch_gpus: int, listed: int,
     if listed == 0 or torch_gpus > 0 or hidden:
         return None
     if torch_cuda is None:
-        return (f"nvidia-smi lists {listed} GPU(s), but this torch is the CPU build, so every "
-                "launch runs on gloo and the CPU. Fix: install the CUDA build of the same "
-                "version (on Linux, PyPI's torch wheel: `pip install --force-reinstall "
-                "torch==<version>` without the +cpu, or remove .venv and run `python3 "
-                "bootstrap.py course`, which looks for the GPU)")
+        return _("nvidia-smi lists {listed} GPU(s), but this torch is the CPU build, so every "
+                 "launch runs on gloo and the CPU. Fix: install the CUDA build of the same "
+                 "version (on Linux, PyPI's torch wheel: `pip install --force-reinstall "
+                 "torch==<version>` without the +cpu, or remove .venv and run `python3 "
+                 "bootstrap.py course`, which looks for the GPU)").format(listed=listed)
     major = _version(torch_cuda)[:1]
     need = MIN_DRIVER.get(major[0]) if major else None
     if need and driver and _version(driver) < _version(need):
-        return (f"nvidia-smi lists {listed} GPU(s), but this torch was built for CUDA "
-                f"{torch_cuda}, which needs an NVIDIA driver >= {need}, and the driver is "
-                f"{driver}. Fix: update the driver, or install a torch built for an older CUDA "
-                "(https://pytorch.org/get-started/previous-versions/)")
-    return (f"nvidia-smi lists {listed} GPU(s) (driver {driver or 'unknown'}), but this torch, "
-            f"built for CUDA {torch_cuda}" + (f" (driver >= {need})" if need else "")
-            + ", sees none: check that this process may open /dev/nvidia* (a container "
-            "started without the GPUs, a cgroup) and what `python -c \"import torch; "
-            "torch.cuda.init()\"` says")
+        return _("nvidia-smi lists {listed} GPU(s), but this torch was built for CUDA {cuda}, "
+                 "which needs an NVIDIA driver >= {need}, and the driver is {driver}. Fix: "
+                 "update the driver, or install a torch built for an older CUDA "
+                 "(https://pytorch.org/get-started/previous-versions/)").format(
+            listed=listed, cuda=torch_cuda, need=need, driver=driver)
+    unseen = (N_("nvidia-smi lists {listed} GPU(s) (driver {driver}), but this torch, built for "
+                 "CUDA {cuda} (driver >= {need}), sees none: check that this process may open "
+                 "/dev/nvidia* (a container started without the GPUs, a cgroup) and what "
+                 "`python -c \"import torch; torch.cuda.init()\"` says") if need else
+              N_("nvidia-smi lists {listed} GPU(s) (driver {driver}), but this torch, built for "
+                 "CUDA {cuda}, sees none: check that this process may open /dev/nvidia* (a "
+                 "container started without the GPUs, a cgroup) and what `python -c \"import "
+                 "torch; torch.cuda.init()\"` says"))
+    return _(unseen).format(listed=listed, driver=driver or _("unknown"), cuda=torch_cuda,
+                            need=need)
