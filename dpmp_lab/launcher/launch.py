@@ -153,7 +153,9 @@ def launch(
                   fn(timeout=5); other keyword arguments may go either way.
 
     backend:      "auto" (nccl when there is one GPU per rank, else gloo), "gloo" or "nccl".
-    timeout:      seconds for the whole launch; past it the stuck ranks are named (LaunchTimeout).
+    timeout:      seconds the ranks may run, from when they are started (a first launch's
+                  wait for the forkserver to import torch is not theirs); past it the
+                  stuck ranks are named (LaunchTimeout).
     pg_timeout:   process-group timeout (default min(timeout, 30)): a collective that not every
                   rank joins fails after this long instead of torch's default of minutes.
     start_method: "forkserver" (default: torch preloaded, ~0.1 s a launch), "fork", "spawn".

@@ -66,7 +66,6 @@ class Supervisor:
     def run(self) -> list[Rank]:
         """Every rank, each with its value; raises LaunchError or LaunchTimeout instead when
         one did not return."""
-        deadline = time.monotonic() + self.req.timeout
         # Why not a TCPStore on port 0: its client and server look up each peer's address
         # (::ffff:127.0.0.1) by reverse DNS, and where DNS is slow or unreachable that stalls
         # a launch by 5 s or more. A file store needs no network and no name lookups.
@@ -74,7 +73,9 @@ class Supervisor:
         outcome = None
         try:
             self._start(os.path.join(self.folder, "store"))
-            outcome = self._watch(deadline)
+            # the ranks' time counts from here: the first launch may have waited for the
+            # forkserver to import torch, which is no time of theirs (seconds on a busy machine)
+            outcome = self._watch(time.monotonic() + self.req.timeout)
             self._wind_down(outcome)
         except BaseException:
             self._kill_all()

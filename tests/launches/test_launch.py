@@ -570,6 +570,22 @@ def skip_a_collective():
     return dist.get_rank()
 
 
+def test_the_timeout_counts_from_when_the_ranks_are_started(monkeypatch):
+    """A first launch waits for the forkserver to import torch (tens of seconds on a busy
+    machine): that wait is no time of the ranks', so a short timeout still lets them finish."""
+    from dpmp_lab.launcher.supervisor import Supervisor
+
+    started = Supervisor._start
+
+    def slow_start(self, store_path):
+        time.sleep(3)   # the forkserver's import, as a busy machine pays it
+        started(self, store_path)
+
+    monkeypatch.setattr(Supervisor, "_start", slow_start)
+    res = dl.launch(all_reduce_rank_sum, world_size=2, timeout=2, stream=False)
+    assert res.values == [3.0, 3.0]
+
+
 def test_skipped_collective_is_a_timeout_naming_the_stuck_ranks():
     t0 = time.monotonic()
     with pytest.raises(dl.LaunchTimeout) as info:
