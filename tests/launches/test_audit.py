@@ -64,6 +64,7 @@ def gpu_style_step():
     dist.all_reduce(buf)
     dist.all_reduce(flat.new_ones(2))
     opt.step()
+    dist.barrier()                                                # torch's own tensor
     objects = [None] * dist.get_world_size()
     dist.all_gather_object(objects, {"rank": dist.get_rank()})   # torch's own CPU tensors
     scale = torch.tensor(2.0)                                     # a CPU scalar may mix
