@@ -108,8 +108,8 @@ def check_machine(world_size: int = 2, backend: str = "auto", timeout: float = 6
     else:
         print("nccl        " + _("skipped: no GPU visible (the course runs on gloo and the CPU)"))
     why = sandbox.problem()
-    print("sandbox     " + (_("NOT available: {why}").format(why=why) if why else
-                            _("works (bubblewrap): `dpmp-lab grade` runs each submission in one")))
+    works = _("works (bubblewrap): `dpmp-lab grade` runs each submission in a sandbox of its own")
+    print("sandbox     " + (_("NOT available: {why}").format(why=why) if why else works))
     print(_("all checks passed") if ok else _("some checks FAILED"))
     return 0 if ok else 1
 

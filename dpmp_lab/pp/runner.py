@@ -153,8 +153,10 @@ class Stage:
         if tuple(out.shape) != self.activation_shape or out.dtype != self.dtype:
             raise ValueError(_("stage {stage} produced an activation of shape {shape} "
                                "({dtype}), but the stages agreed on activation_shape={agreed} "
-                               "({agreed_dtype}); fix activation_shape (micro-batch size = "
-                               "batch / n_microbatches)").format(
+                               "({agreed_dtype}): each micro-batch has the rows the stages "
+                               "were built for, batch / n_microbatches. Cut the batch the "
+                               "step was handed into its n_microbatches micro-batches (not "
+                               "another batch size or count), or fix activation_shape").format(
                 stage=self.model_stage, shape=tuple(out.shape), dtype=out.dtype,
                 agreed=self.activation_shape, agreed_dtype=self.dtype))
         return self._isend(out, self.next_rank,

@@ -589,6 +589,137 @@ DP_PP_IN_FLOAT32 = _edit("dp_pp", (
     "        flat = torch.cat([q.grad.reshape(-1) for q in params]).float()\n"
     "        dist.all_reduce(flat, group=grid.dp_group)"))
 
+# -- the eighth learner pass -------------------------------------------------------------------
+
+# micro-batches in flight at F<j> taken as j + 1 less the backwards so far: right
+# only where the forwards come in micro-batch order
+PEAK_BY_THE_FORWARDS_INDEX = {"peak": '''\
+def peak_in_flight(row):
+    """Most micro-batches whose forward is done and backward not yet, at any point of row."""
+    # YOUR CODE HERE
+    peak = done_b = 0
+    for action in row:
+        j = int(action[1:])
+        if action[0] == "F":
+            peak = max(peak, j + 1 - done_b)
+        else:
+            done_b += 1
+    return peak
+'''}
+
+# micro-batches in flight before B<j> taken as the forwards so far less j: right
+# only where the backwards come in micro-batch order
+PEAK_BY_THE_BACKWARDS_INDEX = {"peak": '''\
+def peak_in_flight(row):
+    """Most micro-batches whose forward is done and backward not yet, at any point of row."""
+    # YOUR CODE HERE
+    peak = done_f = 0
+    for action in row:
+        if action[0] == "F":
+            done_f += 1
+        else:
+            peak = max(peak, done_f - int(action[1:]))
+    return peak
+'''}
+
+# a runner of the learner's own that waits on each gradient send as soon as it is
+# posted (and on each activation send before the next): right on every library schedule, a
+# deadlock where the first stage runs GPipe's row beside 1F1B's
+RUNNER_WAITS_EACH_GRADIENT_SEND = {"runner": '''\
+def run_stage(actions, stage, x, y, loss_fn):
+    """Run this rank's row of a schedule (e.g. ["F0", "F1", "B0", "F2", "B1", "B2"]).
+
+    x, y: the whole batch, cut into m = len(actions) // 2 equal micro-batches (x.chunk(m)).
+    Gradients accumulate in the stage's parameters as those of the full-batch mean loss.
+    Returns the m micro-batch losses (floats, in the order of the forwards) on the last stage,
+    [] on the others.
+    """
+    m = len(actions) // 2
+    xs, ys = x.chunk(m), y.chunk(m)
+    # YOUR CODE HERE
+    inputs, outputs, losses = {}, {}, []
+    pending = None                          # the handle of the last send, not yet waited on
+    for action in actions:
+        kind, j = action[0], int(action[1:])
+        if kind == "F":
+            inp = xs[j] if stage.is_first else stage.recv_activation(j)
+            out = stage.module(inp)
+            if stage.is_last:
+                loss = loss_fn(out, ys[j])
+                losses.append(loss.item())
+                out = loss / m
+            inputs[j], outputs[j] = inp, out
+            if pending is not None:
+                pending.work.wait()
+                pending = None
+            if not stage.is_last:
+                pending = stage.send_activation(out.detach(), j)
+        else:
+            inp, out = inputs.pop(j), outputs.pop(j)
+            if stage.is_last:
+                out.backward()
+            else:
+                out.backward(stage.recv_grad(j))
+            del out
+            if pending is not None:
+                pending.work.wait()
+                pending = None
+            if not stage.is_first:
+                stage.send_grad(inp.grad, j).work.wait()
+            del inp
+    if pending is not None:
+        pending.work.wait()
+    return losses
+'''}
+
+# the same runner waiting on each activation send as soon as it is posted
+RUNNER_WAITS_EACH_ACTIVATION_SEND = {"runner": '''\
+def run_stage(actions, stage, x, y, loss_fn):
+    """Run this rank's row of a schedule (e.g. ["F0", "F1", "B0", "F2", "B1", "B2"]).
+
+    x, y: the whole batch, cut into m = len(actions) // 2 equal micro-batches (x.chunk(m)).
+    Gradients accumulate in the stage's parameters as those of the full-batch mean loss.
+    Returns the m micro-batch losses (floats, in the order of the forwards) on the last stage,
+    [] on the others.
+    """
+    m = len(actions) // 2
+    xs, ys = x.chunk(m), y.chunk(m)
+    # YOUR CODE HERE
+    inputs, outputs, losses = {}, {}, []
+    pending = None                          # the handle of the last send, not yet waited on
+    for action in actions:
+        kind, j = action[0], int(action[1:])
+        if kind == "F":
+            inp = xs[j] if stage.is_first else stage.recv_activation(j)
+            out = stage.module(inp)
+            if stage.is_last:
+                loss = loss_fn(out, ys[j])
+                losses.append(loss.item())
+                out = loss / m
+            inputs[j], outputs[j] = inp, out
+            if pending is not None:
+                pending.work.wait()
+                pending = None
+            if not stage.is_last:
+                stage.send_activation(out.detach(), j).work.wait()
+        else:
+            inp, out = inputs.pop(j), outputs.pop(j)
+            if stage.is_last:
+                out.backward()
+            else:
+                out.backward(stage.recv_grad(j))
+            del out
+            if pending is not None:
+                pending.work.wait()
+                pending = None
+            if not stage.is_first:
+                pending = stage.send_grad(inp.grad, j)
+            del inp
+    if pending is not None:
+        pending.work.wait()
+    return losses
+'''}
+
 
 VARIANTS = [
     {"name": "naive pipeline written for 3 stages (the visible case)",
@@ -802,4 +933,28 @@ VARIANTS = [
     {"name": "DP x PP: the replicas' gradients exchanged in float32 (seventh pass)",
      "replace": DP_PP_IN_FLOAT32, "loses": ["dp_pp_tests", "dp_pp_comm_tests"],
      "visible": ["dp_pp_tests", "dp_pp_comm_tests"], "visible_says": ["pp.dp_sync_dtype"]},
+    {"name": "peak activations: in flight at F<j> counted from j (eighth pass)",
+     "replace": PEAK_BY_THE_FORWARDS_INDEX, "loses": ["peak_tests"],
+     "visible": ["peak_tests"], "visible_says": ["whatever order the micro-batches come in"]},
+    {"name": "peak activations: held before B<j> counted from j (eighth pass)",
+     "replace": PEAK_BY_THE_BACKWARDS_INDEX, "loses": ["peak_tests"],
+     "visible": ["peak_tests"], "visible_says": ["pp.peak_in_flight"]},
+    {"name": "runner: each gradient send waited on as soon as it is posted (eighth pass)",
+     "replace": RUNNER_WAITS_EACH_GRADIENT_SEND, "loses": ["runner_tests"],
+     "visible": ["runner_tests"], "visible_says": ["request handle that never completes"]},
+    {"name": "runner: each activation send waited on as soon as it is posted (eighth pass)",
+     "replace": RUNNER_WAITS_EACH_ACTIVATION_SEND, "loses": ["runner_tests"],
+     "visible": ["runner_tests"], "visible_says": ["request handle that never completes"]},
+    {"name": "runner: the losses returned in micro-batch order, not the forwards' (eighth pass)",
+     "replace": _edit("runner", ("                losses.append(loss.item())",
+                                 "                losses.append((j, loss.item()))"),
+                      ("    return losses\n", "    return [loss for _, loss in sorted(losses)]\n")),
+     "loses": ["runner_tests"], "visible": ["runner_tests"],
+     "visible_says": ["the order of the forwards"]},
+    {"name": "runner: the losses kept as tensors with their graphs, floats at the end (eighth pass)",
+     "replace": _edit("runner", ("                losses.append(loss.item())",
+                                 "                losses.append(loss)"),
+                      ("    return losses\n", "    return [loss.item() for loss in losses]\n")),
+     "loses": ["runner_tests"], "visible": ["runner_tests"],
+     "visible_says": ["a loss kept as a tensor"]},
 ]

@@ -58,8 +58,8 @@ def test_the_doctors_words_in_the_learners_language(monkeypatch, language):
     cpu_build = gpu_problem(None, 0, 4, "535.104.05")
     assert "CPUビルド" in cpu_build and "`python3 bootstrap.py course`" in cpu_build
 
-    assert _result(1, "gloo").describe() == "CPU上で1ランク、CPUテンソルはgloo経由、1.23秒"
+    assert _result(1, "gloo").describe() == "CPU上で1ランク；CPUテンソルはgloo経由；1.23秒"
     assert _result(4, "cpu:gloo,cuda:nccl").describe() == (
-        "cuda:0..cuda:3上で4ランク、CUDAテンソルはnccl経由, CPUテンソルはgloo経由、1.23秒")
+        "cuda:0..cuda:3上で4ランク；CUDAテンソルはnccl経由, CPUテンソルはgloo経由；1.23秒")
     audited = _result(2, "gloo", audit=True).describe()
     assert audited.startswith("デバイス監査のもと、CPU上で2ランク") and "{" not in audited
