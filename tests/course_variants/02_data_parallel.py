@@ -1088,4 +1088,28 @@ VARIANTS = [
     {"name": "ZeRO-1: the learning rate fixed at 0.1 (seventh pass)",
      "replace": ZERO1_LR_FIXED, "loses": ["sharded_momentum_sgd_tests"],
      "visible": ["sharded_momentum_sgd_tests"]},
+    {"name": "shard_batch: evenness judged against the notebook's DP_SIZE (eighth pass)",
+     "replace": _edit("shard_batch", ("    if n % world_size:\n", "    if n % DP_SIZE:\n")),
+     "loses": ["shard_batch_tests"], "visible": ["shard_batch_tests"],
+     "visible_says": ["a batch of 8 does not split evenly over 3 ranks"]},
+    {"name": "shard_batch: a remainder of one row let through (eighth pass)",
+     "replace": _edit("shard_batch", ("    if n % world_size:\n", "    if n % world_size > 1:\n")),
+     "loses": ["shard_batch_tests"], "visible": ["shard_batch_tests"],
+     "visible_says": ["a batch of 9 does not split evenly over 4 ranks"]},
+    {"name": "broadcast_parameters: the broadcasts recorded by autograd (eighth pass)",
+     "replace": _edit("broadcast_parameters", ("    with torch.no_grad():\n"
+                                               "        for p in model.parameters():\n"
+                                               "            dist.broadcast(p, src=src)\n",
+                                               "    for p in model.parameters():\n"
+                                               "        dist.broadcast(p, src=src)\n")),
+     "loses": ["broadcast_tests"], "visible": ["broadcast_tests"],
+     "visible_says": ["dp.broadcast_recorded"]},
+    {"name": "accumulation_step: the micro-batches cut to the notebook's shard size (eighth pass)",
+     "replace": _edit("accumulation_step", (
+         "    xs, ys = x.chunk(n_micro), y.chunk(n_micro)\n",
+         "    size = BATCH // DP_SIZE // n_micro\n"
+         "    xs = [x[k * size:(k + 1) * size] for k in range(n_micro)]\n"
+         "    ys = [y[k * size:(k + 1) * size] for k in range(n_micro)]\n")),
+     "loses": ["accumulation_step_tests"], "visible": ["accumulation_step_tests"],
+     "visible_says": ["dp.accumulation_fixed_size"]},
 ]
