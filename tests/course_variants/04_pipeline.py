@@ -672,53 +672,12 @@ def run_stage(actions, stage, x, y, loss_fn):
     return losses
 '''}
 
-# the same runner waiting on each activation send as soon as it is posted
-RUNNER_WAITS_EACH_ACTIVATION_SEND = {"runner": '''\
-def run_stage(actions, stage, x, y, loss_fn):
-    """Run this rank's row of a schedule (e.g. ["F0", "F1", "B0", "F2", "B1", "B2"]).
-
-    x, y: the whole batch, cut into m = len(actions) // 2 equal micro-batches (x.chunk(m)).
-    Gradients accumulate in the stage's parameters as those of the full-batch mean loss.
-    Returns the m micro-batch losses (floats, in the order of the forwards) on the last stage,
-    [] on the others.
-    """
-    m = len(actions) // 2
-    xs, ys = x.chunk(m), y.chunk(m)
-    # YOUR CODE HERE
-    inputs, outputs, losses = {}, {}, []
-    pending = None                          # the handle of the last send, not yet waited on
-    for action in actions:
-        kind, j = action[0], int(action[1:])
-        if kind == "F":
-            inp = xs[j] if stage.is_first else stage.recv_activation(j)
-            out = stage.module(inp)
-            if stage.is_last:
-                loss = loss_fn(out, ys[j])
-                losses.append(loss.item())
-                out = loss / m
-            inputs[j], outputs[j] = inp, out
-            if pending is not None:
-                pending.work.wait()
-                pending = None
-            if not stage.is_last:
-                stage.send_activation(out.detach(), j).work.wait()
-        else:
-            inp, out = inputs.pop(j), outputs.pop(j)
-            if stage.is_last:
-                out.backward()
-            else:
-                out.backward(stage.recv_grad(j))
-            del out
-            if pending is not None:
-                pending.work.wait()
-                pending = None
-            if not stage.is_first:
-                pending = stage.send_grad(inp.grad, j)
-            del inp
-    if pending is not None:
-        pending.work.wait()
-    return losses
-'''}
+# the same runner, waiting on each activation send as soon as it is posted instead
+RUNNER_WAITS_EACH_ACTIVATION_SEND = {"runner": RUNNER_WAITS_EACH_GRADIENT_SEND["runner"].replace(
+    "                pending = stage.send_activation(out.detach(), j)\n",
+    "                stage.send_activation(out.detach(), j).work.wait()\n").replace(
+    "                stage.send_grad(inp.grad, j).work.wait()\n",
+    "                pending = stage.send_grad(inp.grad, j)\n")}
 
 
 VARIANTS = [
