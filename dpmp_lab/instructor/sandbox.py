@@ -23,8 +23,9 @@ graded as another user, a user namespace maps the sandbox's user to that one. bw
 starts with an empty environment: only what `env` gives the command exists inside. Limits
 (memory, processes, disk, time) are the job's, in limits.py.
 
-Only the standard library here: `dpmp-lab doctor` asks `problem()` on machines without
-jupyter. The kernel manager that starts a kernel this way is in sandbox_kernel.py.
+Only the standard library (and the package's own words, i18n) here: `dpmp-lab doctor` asks
+`problem()` on machines without jupyter. The kernel manager that starts a kernel this way is
+in sandbox_kernel.py.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from dpmp_lab._helpers import PACKAGE_DIR
+from dpmp_lab.i18n.messages import _
 
 WORK = "/job/work"     # the kernel's working directory inside
 HOME = "/job/home"
@@ -69,18 +71,29 @@ def bwrap() -> str | None:
 
 def problem() -> str | None:
     """Why the sandbox cannot run here, or None when it works (checked once per process by
-    running `true` in it, the way a kernel is run)."""
+    running `true` in it, the way a kernel is run), in the language of the moment."""
     if not sys.platform.startswith("linux"):
-        return (f"the sandbox is Linux-only (bubblewrap); this is {sys.platform}: grade on a "
-                "Linux machine, or pass --no-sandbox to run submissions unsandboxed")
+        return _("the sandbox is Linux-only (bubblewrap); this is {platform}: grade on a "
+                 "Linux machine, or pass --no-sandbox to run submissions unsandboxed"
+                 ).format(platform=sys.platform)
     if bwrap() is None:
-        return ("bubblewrap is not installed (Debian/Ubuntu: apt-get install bubblewrap; "
-                "Fedora: dnf install bubblewrap)")
-    return _probe()
+        return _("bubblewrap is not installed (Debian/Ubuntu: apt-get install bubblewrap; "
+                 "Fedora: dnf install bubblewrap)")
+    found = _probe()
+    if found is None:
+        return None
+    could_start, detail = found
+    if not could_start:
+        return _("bubblewrap could not start: {error}").format(error=detail)
+    return _("bubblewrap refused to start a sandbox: {why} (unprivileged user namespaces may be "
+             "off: sysctl kernel.unprivileged_userns_clone, or AppArmor's "
+             "apparmor_restrict_unprivileged_userns on Ubuntu)").format(why=detail)
 
 
 @functools.lru_cache(maxsize=1)
-def _probe() -> str | None:
+def _probe() -> tuple[bool, str] | None:
+    """None when a sandbox runs; else (whether bwrap started, what went wrong), kept apart
+    from the words so that problem() speaks the language of the moment."""
     # a folder of its own: a pid is no name another process (in another pid namespace, or
     # once this one is gone) cannot have too
     scratch = Path(tempfile.mkdtemp(prefix="dpmp-sandbox-probe-"))
@@ -93,14 +106,11 @@ def _probe() -> str | None:
                                    rw=rw, env={"PATH": "/usr/bin:/bin"}),
                               capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"bubblewrap could not start: {exc}"
+        return False, str(exc)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     if done.returncode:
-        why = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
-        return (f"bubblewrap refused to start a sandbox: {why} (unprivileged user namespaces "
-                "may be off: sysctl kernel.unprivileged_userns_clone, or AppArmor's "
-                "apparmor_restrict_unprivileged_userns on Ubuntu)")
+        return True, (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
     return None
 
 

@@ -63,3 +63,33 @@ def test_the_doctors_words_in_the_learners_language(monkeypatch, language):
         "cuda:0..cuda:3上で4ランク；CUDAテンソルはnccl経由, CPUテンソルはgloo経由；1.23秒")
     audited = _result(2, "gloo", audit=True).describe()
     assert audited.startswith("デバイス監査のもと、CPU上で2ランク") and "{" not in audited
+
+
+@pytest.mark.parametrize("language", ["en", "ja"])
+def test_why_the_sandbox_cannot_run_speaks_the_language_of_the_moment(monkeypatch, language):
+    """The doctor's sandbox line: each reason in the language asked for, even after the probe's
+    result was cached in another (the probe keeps what went wrong, not the words)."""
+    import sys
+
+    from dpmp_lab.instructor import sandbox
+
+    monkeypatch.setenv("DPMP_LAB_LANG", language)
+    english = language == "en"
+    monkeypatch.setattr(sys, "platform", "darwin")
+    why = sandbox.problem()
+    assert "darwin" in why and "--no-sandbox" in why
+    assert ("Linux-only" in why) == english and ("Linux専用" in why) != english
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setattr(sandbox, "bwrap", lambda: None)
+    why = sandbox.problem()
+    assert "apt-get install bubblewrap" in why
+    assert ("is not installed" in why) == english
+    monkeypatch.setattr(sandbox, "bwrap", lambda: "/usr/bin/bwrap")
+    monkeypatch.setattr(sandbox, "_probe", lambda: (True, "setting up uid map: Permission denied"))
+    why = sandbox.problem()
+    assert "setting up uid map: Permission denied" in why and "unprivileged_userns_clone" in why
+    assert ("refused to start" in why) == english
+    monkeypatch.setattr(sandbox, "_probe", lambda: (False, "[Errno 2] No such file"))
+    assert ("could not start" in sandbox.problem()) == english
+    monkeypatch.setattr(sandbox, "_probe", lambda: None)
+    assert sandbox.problem() is None
