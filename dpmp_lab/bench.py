@@ -345,7 +345,7 @@ def train_flops(n_params: float, tokens: float, *, n_layers: int = 0, d_model: i
     activations (2 per weight and token forward, 4 backward), plus attention's score products,
     which have no weights: 12 L S d per token (Q K^T and scores V, 2 S d each per layer
     forward, 3x that for training; d = heads x head size, the full S x S matrix counted as
-    dense kernels compute it). PaLM (Chowdhury et al. 2022), appendix B."""
+    dense kernels compute it). PaLM (Chowdhery et al. 2022), appendix B."""
     return 6 * n_params * tokens + 12 * n_layers * d_model * seq_len * tokens
 
 
