@@ -429,6 +429,15 @@ def w_step(layers, held):
 '''
 
 
+# the ninth pass's: a learner's interleaved table by simulation, a backward as soon as its
+# gradient is there: the right actions, each kind in the right order, another alternation
+INTERLEAVED_BY_GREEDY_SIMULATION = {"interleaved_table": 'def interleaved_table(p, m, v):\n    """Interleaved 1F1B by simulation: a backward as soon as its gradient is there, else the\n    next forward, as long as the rank holds no more than the warm-up\'s micro-batches."""\n    if m % p:\n        raise ValueError(f"m={m} is not a multiple of p={p}")\n    def order(kind):\n        out = []\n        for rnd in range(m // p):\n            for c in (range(v) if kind == "F" else reversed(range(v))):\n                out += [(j, c) for j in range(rnd * p, rnd * p + p)]\n        return out\n    fo, bo = order("F"), order("B")\n    done, rows, nf, nb = {}, [[] for _ in range(p)], [0] * p, [0] * p\n    t = 0\n    while any(nb[r] < v * m for r in range(p)):\n        step = []\n        for r in range(p):\n            act = None\n            if nb[r] < v * m:\n                j, c = bo[nb[r]]\n                k = c * p + r\n                src = ("F", k, j) if k == v * p - 1 else ("B", k + 1, j)\n                if done.get(("F", k, j), t + 1) <= t and done.get(src, t + 1) <= t:\n                    act = ("B", j, c, k)\n            if act is None and nf[r] < v * m:\n                j, c = fo[nf[r]]\n                k = c * p + r\n                if k == 0 or done.get(("F", k - 1, j), t + 1) <= t:\n                    act = ("F", j, c, k)\n            if act:\n                step.append((r, act))\n        for r, (kind, j, c, k) in step:\n            done[(kind, k, j)] = t + 1\n            rows[r].append(f"{kind}{j}" + (f".{c}" if c else ""))\n            if kind == "F":\n                nf[r] += 1\n            else:\n                nb[r] += 1\n        t += 1\n    return rows'}
+
+# the ninth pass's: ZB-H1 simulated, the last stage's backward left whole (no W), so its B is
+# timed one step where a whole backward takes two
+ZB_H1_LAST_STAGE_WHOLE = {"zb_h1_table": 'def zb_h1_table(p, m):\n    """ZB-H1 for p stages and m >= p micro-batches: rows of "F<j>", "B<j>", "W<j>"."""\n    # 1F1B\'s F/B order on every stage: p - s forwards, then B and F in turn, then the Bs left\n    orders = []\n    for s in range(p):\n        warm = min(m, p - s)\n        order = [("F", j) for j in range(warm)]\n        f, b = warm, 0\n        while b < m:\n            order.append(("B", b)); b += 1\n            if f < m:\n                order.append(("F", f)); f += 1\n        orders.append(order)\n    # time steps, all stages at once: the next F/B when its input has arrived and the stage\n    # has room for one more micro-batch; otherwise a pending W (oldest first); else wait\n    done = {}                                   # (kind, s, j) -> end time\n    rows = [[] for _ in range(p)]\n    nxt = [0] * p\n    pending = [[] for _ in range(p)]\n    held = [0] * p\n    t = 0\n    while any(nxt[s] < len(orders[s]) or pending[s] for s in range(p)):\n        step = []\n        for s in range(p):\n            act = None\n            if nxt[s] < len(orders[s]):\n                kind, j = orders[s][nxt[s]]\n                if kind == "F":\n                    ready = s == 0 or done.get(("F", s - 1, j), t + 1) <= t\n                    ready = ready and held[s] < p\n                else:\n                    ready = done.get(("F", s, j), t + 1) <= t and (\n                        s == p - 1 or done.get(("B", s + 1, j), t + 1) <= t)\n                if ready:\n                    act = (kind, j)\n                    nxt[s] += 1\n            if act is None and pending[s]:\n                act = ("W", pending[s].pop(0))\n            if act is not None:\n                step.append((s, act))\n        for s, (kind, j) in step:\n            done[(kind, s, j)] = t + 1\n            rows[s].append(f"{kind}{j}")\n            if kind == "F":\n                held[s] += 1\n            elif kind == "B" and s == p - 1:\n                held[s] -= 1\n            elif kind == "B" and s < p - 1:      # the last stage never waits: its B stays whole\n                pending[s].append(j)\n            else:\n                held[s] -= 1\n        t += 1\n    return rows'}
+
+
 VARIANTS = [
     {"name": "interleaved: all m micro-batches through chunk 0 first, not rounds of p",
      "replace": CHUNK_MAJOR, "loses": ["interleaved_tests"],
@@ -438,7 +447,7 @@ VARIANTS = [
      "visible": ["interleaved_tests"], "visible_says": ["forwards before its first backward"]},
     {"name": "interleaved: the warm-up not capped at the v m forwards a rank has",
      "replace": WARMUP_NOT_CAPPED, "loses": ["interleaved_tests"],
-     "visible": ["interleaved_tests"]},
+     "visible": ["interleaved_tests"], "visible_says": ["pp.actions_past_m"]},
     {"name": "interleaved: the steady state runs the backward before the forward",
      "replace": STEADY_STATE_B_FIRST, "loses": ["interleaved_tests"],
      "visible": ["interleaved_tests"], "visible_says": ["steady state"]},
@@ -632,4 +641,23 @@ VARIANTS = [
     {"name": "recall R4: ZB-H1 read as 1F1B's memory on every stage",
      "replace": {"answer_memory_tight": 'q_memory_tight = "a"\n'},
      "loses": ["recall_memory_tight"]},
+    {"name": "interleaved: the backward's chunk as 1 - c, right for two chunks only (ninth pass)",
+     "replace": _edit("interleaved_table", ('else v - 1 - within // p', 'else 1 - within // p')),
+     "loses": ["interleaved_tests"], "visible": ["interleaved_tests"],
+     "visible_says": ["pp.actions_past_v"]},
+    {"name": "interleaved: a greedy simulation, each backward as soon as it can (ninth pass)",
+     "replace": INTERLEAVED_BY_GREEDY_SIMULATION, "loses": ["interleaved_tests"],
+     "visible": ["interleaved_tests"], "visible_says": ["pp.interleaved_alternation"],
+     "visible_never_says": ["pp.interleaved_backward"]},
+    {"name": "W: the weight gradient computed in float32 (ninth pass)",
+     "replace": _edit("bw_linear", ("return grad_out.T @ inp, grad_out.sum(dim=0)",
+                                    "return grad_out.float().T @ inp.float(), grad_out.sum(dim=0)")),
+     "loses": ["bw_linear_tests", "bw_stage_tests"],
+     "visible": ["bw_linear_tests", "bw_stage_tests"], "visible_says": ["pp.float32"]},
+    {"name": "stage: B's gradient cast to float32 before the first product (ninth pass)",
+     "replace": _edit("bw_stage", ("    g = grad_out\n", "    g = grad_out.float()\n")),
+     "loses": ["bw_stage_tests"], "visible": ["bw_stage_tests"], "visible_says": ["pp.float32"]},
+    {"name": "ZB-H1: the last stage's backward left whole, no W in its row (ninth pass)",
+     "replace": ZB_H1_LAST_STAGE_WHOLE, "loses": ["zb_h1_tests"], "visible": ["zb_h1_tests"],
+     "visible_says": ["pp.zb_every_w"]},
 ]
