@@ -914,4 +914,16 @@ VARIANTS = [
                "recorded",
                "        with torch.random.fork_rng(devices=[]):\n            return block(x)")),
            "loses": _CKPT, "visible_says": ["sharding.checkpoint_forward_stream"]}),
+    # the ninth pass's: layouts a flat view cannot read, and a checkpoint that keeps a copy
+    _seen({"name": "ZeRO-2: the gradient flattened with view(-1) (ninth pass)",
+           "replace": _edit("zero2_hooks", ("F.pad(p.grad.reshape(-1),", "F.pad(p.grad.view(-1),")),
+           "loses": _Z2, "visible_says": ["sharding.zero2_layout"]}),
+    _seen({"name": "FSDP unit: the input's rows taken with view (ninth pass)",
+           "replace": _edit("sharded_linear", ("        rows_in = x.reshape(-1, in_features)\n",
+                                               "        rows_in = x.view(-1, in_features)\n")),
+           "loses": _UNIT, "visible_says": ["sharding.fsdp_layout"]}),
+    _seen({"name": "checkpoint: a copy of the input saved, x.detach().clone() (ninth pass)",
+           "replace": _edit("checkpoint", ("        ctx.save_for_backward(x)\n",
+                                           "        ctx.save_for_backward(x.detach().clone())\n")),
+           "loses": _CKPT, "visible_says": ["sharding.checkpoint_input_copy"]}),
 ]
