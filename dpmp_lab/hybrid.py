@@ -131,7 +131,7 @@ def _train_single(config: GPTConfig, steps: int, batch_size: int, lr: float,
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point under torchrun: one process per rank, environment from torchrun."""
-    parser = argparse.ArgumentParser(description="Train TinyGPT on a dp x tp x pp grid.")
+    parser = argparse.ArgumentParser(description=_("Train TinyGPT on a dp x tp x pp grid."))
     parser.add_argument("--dp", type=int, default=1)
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--pp", type=int, default=1)
@@ -139,11 +139,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--micro-batches", type=int, default=2)
     parser.add_argument("--schedule", default="1f1b")
-    parser.add_argument("--fp64", action="store_true", help="train in double precision")
-    parser.add_argument("--save", default=None, help="folder for each rank's result (.pt)")
+    parser.add_argument("--fp64", action="store_true", help=_("train in double precision"))
+    parser.add_argument("--save", default=None, help=_("folder for each rank's result (.pt)"))
     args = parser.parse_args(argv)
     if "RANK" not in os.environ:
-        parser.error("run me under torchrun (or use dl.launch(hybrid.train, ...) in a notebook)")
+        parser.error(_("run me under torchrun (or use dl.launch(hybrid.train, ...) in a notebook)"))
     local_gpus = torch.cuda.device_count()
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     backend = "gloo"

@@ -93,3 +93,23 @@ def test_why_the_sandbox_cannot_run_speaks_the_language_of_the_moment(monkeypatc
     assert ("could not start" in sandbox.problem()) == english
     monkeypatch.setattr(sandbox, "_probe", lambda: None)
     assert sandbox.problem() is None
+
+
+@pytest.mark.parametrize("language", ["en", "ja"])
+def test_the_hybrid_scripts_help_speaks_the_language_of_the_moment(monkeypatch, capsys, language):
+    """`python -m dpmp_lab.hybrid --help` (05's torchrun script): its own words in the learner's
+    language (argparse's frame, "usage:" and "options:", is argparse's)."""
+    from dpmp_lab import hybrid
+
+    monkeypatch.setenv("DPMP_LAB_LANG", language)
+    with pytest.raises(SystemExit):
+        hybrid.main(["--help"])
+    shown = capsys.readouterr().out
+    assert ("Train TinyGPT on a dp x tp x pp grid." in shown) == (language == "en")
+    assert ("TinyGPTを学習する" in shown) == (language == "ja")
+    monkeypatch.delenv("RANK", raising=False)
+    with pytest.raises(SystemExit):
+        hybrid.main([])
+    said = capsys.readouterr().err
+    assert "dl.launch(hybrid.train, ...)" in said
+    assert ("run me under torchrun" in said) == (language == "en")
