@@ -1,5 +1,6 @@
-"""`dpmp-lab doctor`'s words without a launch: the backend plan, gpu_problem and
-LaunchResult.describe() in the language DPMP_LAB_LANG names, English unchanged without it."""
+"""`dpmp-lab doctor`'s words without a launch: the backend plan, gpu_problem,
+LaunchResult.describe() and why the sandbox cannot run, in the language DPMP_LAB_LANG names,
+English unchanged without it; and the words of dl.hybrid's torchrun script."""
 
 from __future__ import annotations
 
