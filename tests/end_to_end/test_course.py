@@ -32,6 +32,7 @@ from tests.conftest import ROOT, stray_processes
 from tests.support import checkpoints
 from tests.support.notebook_sources import (
     cells_by_kind,
+    grade_ids,
     source_notebook,
     translated,
     variants,
@@ -261,9 +262,7 @@ def learner_view_sample() -> list[tuple[str, dict]]:
     """Of each notebook, the variant with visible cells whose last one comes first (its run
     stops there), the first such in the file on a tie."""
     def last_visible(name: str, v: dict) -> int:
-        ids = [c.metadata.get("nbgrader", {}).get("grade_id")
-               for c in source_notebook(name).cells]
-        return max(ids.index(cell) for cell in v["visible"])
+        return max(grade_ids(name).index(cell) for cell in v["visible"])
 
     first: dict[str, tuple[int, dict]] = {}
     for name, v in visible_variants():
@@ -392,10 +391,21 @@ def test_the_learner_sees_the_same_failure_without_the_hidden_tests(graded, name
 def writes_into_the_grader(name: str, variant: dict) -> bool:
     """Whether the grader's scan flags the variant (as autograde reads the notebook: the
     learner's cells against the notebook's own)."""
+    return _writes_into_the_grader(name, _replacing(variant))
+
+
+def _replacing(variant: dict) -> tuple[tuple[str, str], ...]:
+    """What `variant` replaces, as a key for the caches below (collecting the course's tests
+    asks the same questions of each variant many times)."""
+    return tuple(sorted(variant["replace"].items()))
+
+
+@functools.cache
+def _writes_into_the_grader(name: str, replace: tuple[tuple[str, str], ...]) -> bool:
     from dpmp_lab.instructor import scan
     from dpmp_lab.instructor.nbgrader_plugin import split_cells
 
-    mine, given, _ = split_cells(with_replacements(source_notebook(name), variant["replace"]))
+    mine, given, _ = split_cells(with_replacements(source_notebook(name), dict(replace)))
     return bool(scan.scan([c.source for c in mine], context=[c.source for c in given]))
 
 
@@ -405,7 +415,7 @@ def _code_sources(nb: nbformat.NotebookNode) -> list[str | None]:
 
 def changed_cells(name: str, variant: dict) -> set[int]:
     """Indices of the cells `variant` replaces in `name`'s solution notebook."""
-    ids = [c.metadata.get("nbgrader", {}).get("grade_id") for c in source_notebook(name).cells]
+    ids = grade_ids(name)
     return {ids.index(cell) for cell in variant["replace"]}
 
 
@@ -542,6 +552,12 @@ def _cells_skipped(name: str, variant: dict, stand_ins: bool = True) -> int:
     """How many code cells after its first change the one-job grading of `variant` skips,
     reading the notebook alone (comparing values in the kernel makes it skip more); without
     counting on STOOD_IN, when not `stand_ins`."""
+    return _skipped(name, _replacing(variant), stand_ins)
+
+
+@functools.cache
+def _skipped(name: str, replace: tuple[tuple[str, str], ...], stand_ins: bool) -> int:
+    variant = {"replace": dict(replace)}
     sources = _code_sources(with_replacements(source_notebook(name), variant["replace"]))
     changed = changed_cells(name, variant)
     after = [i for i, src in enumerate(sources) if src is not None and i >= min(changed)]
@@ -578,9 +594,7 @@ def by_nbgrader(name: str) -> list[int]:
     def skips(i: int) -> tuple[int, int, int]:
         skipped = _cells_skipped(name, variants(name)[i])
         return skipped - _cells_skipped(name, variants(name)[i], stand_ins=False), skipped, -i
-    sample = max(others, key=skips, default=None)
-    if not hands_over_its_own_code(name):
-        sample = None
+    sample = max(others, key=skips, default=None) if hands_over_its_own_code(name) else None
     return sorted(flagged + ([] if sample is None else [sample]))
 
 
@@ -1138,7 +1152,7 @@ def test_feedback_is_generated_and_explains_the_mistake(graded, name):
 JAPANESE = re.compile(r"[\u3040-\u30ff\u4e00-\u9fff]")
 
 
-@pytest.mark.parametrize("name", [n for n in ASSIGNMENTS if in_japanese(n) is not None])
+@pytest.mark.parametrize("name", [n for n in ASSIGNMENTS if n in translated("ja")])
 def test_a_japanese_hand_in_is_graded_alike_and_fed_back_in_japanese(graded, name):
     """The same cells lost as in English; the graded notebook's locked cells, the failing
     test's message and the feedback in Japanese, no hidden line in it (in either language)."""
@@ -1147,6 +1161,7 @@ def test_a_japanese_hand_in_is_graded_alike_and_fed_back_in_japanese(graded, nam
     from dpmp_lab import i18n
     from dpmp_lab.instructor.nbgrader_plugin import hidden_lines
 
+    assert in_japanese(name) is not None, f"{name} is translated but has no Japanese hand-in"
     variant, student = variants(name)[in_japanese(name)], japanese_student(name)
     lost = {cell for cell, (score, top) in scores_of(graded, name, student).items()
             if score < top}
@@ -1173,7 +1188,7 @@ def test_a_japanese_hand_in_is_graded_alike_and_fed_back_in_japanese(graded, nam
 
 
 @pytest.mark.parametrize("name", [n for n in ASSIGNMENTS if n == UNLOCKED_BY_HAND
-                                  and in_japanese(n) is not None])
+                                  and n in translated("ja")])
 def test_test_cells_unlocked_by_hand_in_a_japanese_hand_in_still_run_as_the_grader_s(
         graded, name):
     import html

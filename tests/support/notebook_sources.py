@@ -38,6 +38,12 @@ def _read_solution(name: str) -> nbformat.NotebookNode:
     return nbformat.read(ROOT / "solutions" / name / f"{name}.ipynb", as_version=4)
 
 
+@functools.cache
+def grade_ids(name: str) -> tuple[str | None, ...]:
+    """The grade id of each cell of the solution notebook (None where it has none)."""
+    return tuple(c.metadata.get("nbgrader", {}).get("grade_id") for c in _read_solution(name).cells)
+
+
 def cells_by_kind(nb: nbformat.NotebookNode, kind: str) -> list[str]:
     return [c.metadata["nbgrader"]["grade_id"] for c in nb.cells
             if c.metadata.get("nbgrader", {}).get(kind)]
