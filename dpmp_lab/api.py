@@ -15,6 +15,7 @@ import dpmp_lab.moe as moe
 from dpmp_lab import check, collectives, cost, dp, hybrid, integrity, models, pp, tp, viz
 from dpmp_lab._helpers import ipython_shell
 from dpmp_lab._torch_helpers import freeze_startup
+from dpmp_lab.check import references
 from dpmp_lab.compat import provide_new_collective_names
 from dpmp_lab.context import device, rank, world_size
 from dpmp_lab.grid import GridLayout, ProcessGrid
@@ -35,6 +36,8 @@ def prepare() -> None:
     first line (dpmp_lab.load calls it)."""
     provide_new_collective_names()     # torch 2.13's all_gather_single etc. on older torch too
     integrity.remember()               # what a rank's trace relies on, to tell if a rank changed it
+    references.read_library()          # where the references are bound: the forkserver reads it
+                                       # once for every rank it forks (dl.check.references_off)
     starting.warm_up_if_interactive()  # in a kernel: the forkserver starts now, not at the 1st launch
     if ipython_shell() is not None:    # and what the imports made leaves gc's sight, as in the
         freeze_startup()               # forkserver: dl.footprint walks only the learner's objects

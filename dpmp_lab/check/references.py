@@ -20,6 +20,7 @@ argument, alias or table that holds the function object meets the switch as a ca
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import sys
 import types
@@ -30,8 +31,8 @@ import dpmp_lab
 import dpmp_lab.integrity as integrity
 from dpmp_lab.i18n.messages import _
 
-__all__ = ["ReferenceSwitchedOff", "TP_COLLECTIVES", "references_off", "stand_ins",
-           "standing_in", "switched_off", "with_references_off"]
+__all__ = ["ReferenceSwitchedOff", "TP_COLLECTIVES", "read_library", "references_off",
+           "stand_ins", "standing_in", "switched_off", "with_references_off"]
 
 # dl.tp's plain collectives (tp.mappings, not re-exported): a shortcut around the f and g its
 # exercises build, so they go off with the rest of dl.tp
@@ -58,7 +59,7 @@ def references_off(*targets: str) -> Iterator[None]:
     stand_ins: dict[int, _SwitchedOff] = {}   # id(reference) -> its one stand-in
     references: dict[int, tuple[types.FunctionType, str]] = {}   # the functions themselves
     swaps: dict[tuple[int, str], tuple[Any, str, _SwitchedOff]] = {}
-    held = _Holders()
+    held = _holders()
     for target in targets:
         for label, owner, name in _resolve(target):
             reference = vars(owner)[name]
@@ -122,23 +123,54 @@ def with_references_off(fn: Callable[..., Any], *targets: str) -> Callable[..., 
 
 
 class _Holders:
-    """What dpmp_lab's modules hold, read once for a whole references_off (it runs in every
-    rank of a graded launch: a walk of sys.modules per reference cost 15 ms a call): by the
-    library's modules, {id(value): [(module, name), ...]}; by dl.check's, the ids it holds
-    (those keep working)."""
+    """What dpmp_lab's modules hold: by the library's modules, {id(value): [(module, name),
+    ...]}; by dl.check's, the ids it holds (those keep working)."""
 
-    def __init__(self) -> None:
+    def __init__(self, modules: list[types.ModuleType]) -> None:
         self.by_library: dict[int, list[tuple[types.ModuleType, str]]] = {}
         self.by_grader: set[int] = set()
-        for key in [k for k in list(sys.modules) if k == "dpmp_lab" or k.startswith("dpmp_lab.")]:
-            module = sys.modules.get(key)
-            if module is None:
-                continue
+        for module in modules:
+            key = module.__name__
             if key == _GRADER or key.startswith(_GRADER + "."):
                 self.by_grader.update(id(v) for v in list(vars(module).values()))
                 continue
             for n, v in list(vars(module).items()):
                 self.by_library.setdefault(id(v), []).append((module, n))
+
+
+# The library's modules and what they hold, read again only when a module was imported or one
+# of them bound a name more or less, or while a switch is on (references_off runs in every rank
+# of a graded launch, several times: reading them each time was most of a rank's own work). A
+# binding read here that is no longer there is dropped by _bindings, which looks again.
+_modules_seen: tuple[int, list[types.ModuleType]] = (-1, [])
+_holders_seen: tuple[tuple[int, ...], _Holders] | None = None
+
+
+def _library_modules() -> list[types.ModuleType]:
+    """dpmp_lab and its submodules imported in this process."""
+    global _modules_seen
+    if _modules_seen[0] != len(sys.modules):
+        found = [m for k, m in list(sys.modules.items())
+                 if m is not None and (k == "dpmp_lab" or k.startswith("dpmp_lab."))]
+        _modules_seen = (len(sys.modules), found)
+    return _modules_seen[1]
+
+
+def read_library() -> None:
+    """Read what the library's modules hold now (the forkserver does after its preload, so that
+    every rank forked from it starts with that read)."""
+    _holders()
+
+
+def _holders() -> _Holders:
+    global _holders_seen
+    modules = _library_modules()
+    if _ACTIVE:   # switches on: their stand-ins are bound where the references were
+        return _Holders(modules)
+    key = (len(sys.modules), *(len(vars(m)) for m in modules))
+    if _holders_seen is None or _holders_seen[0] != key:
+        _holders_seen = (key, _Holders(modules))
+    return _holders_seen[1]
 
 
 def _refusal(label: str) -> str:
@@ -154,14 +186,7 @@ def _code_off(held: tuple[types.FunctionType, str]) -> Iterator[None]:
     same free variables (a function's code can only be swapped for code that has them)."""
     fn, label = held
     free = fn.__code__.co_freevars
-    lines = ["def outer():", *(f"    {v} = None" for v in free), "    def off(*args, **kwargs):"]
-    if free:
-        lines.append(f"        ({', '.join(free)},)")
-    lines += [f"        raise __import__({__name__!r}, fromlist=['_']).ReferenceSwitchedOff("
-              f"{_refusal(label)!r})", "    return off"]
-    made: dict[str, Any] = {}
-    exec(compile("\n".join(lines), f"<{label}: switched off>", "exec"), made)   # noqa: S102
-    code = made["outer"]().__code__
+    code = _refusal_code(label, _refusal(label), free)
     if code.co_freevars != free:
         yield   # not this one: the switches on its names still hold
         return
@@ -171,6 +196,19 @@ def _code_off(held: tuple[types.FunctionType, str]) -> Iterator[None]:
         yield
     finally:
         fn.__code__ = original
+
+
+@functools.lru_cache(maxsize=512)
+def _refusal_code(label: str, refusal: str, free: tuple[str, ...]) -> types.CodeType:
+    """Code that raises `refusal`, with the free variables `free` (compiled once for each)."""
+    lines = ["def outer():", *(f"    {v} = None" for v in free), "    def off(*args, **kwargs):"]
+    if free:
+        lines.append(f"        ({', '.join(free)},)")
+    lines += [f"        raise __import__({__name__!r}, fromlist=['_']).ReferenceSwitchedOff("
+              f"{refusal!r})", "    return off"]
+    made: dict[str, Any] = {}
+    exec(compile("\n".join(lines), f"<{label}: switched off>", "exec"), made)   # noqa: S102
+    return made["outer"]().__code__
 
 
 class _SwitchedOff:
@@ -230,8 +268,7 @@ def _longest_module(parts: list[str]) -> tuple[types.ModuleType, int]:
 def _public(module: types.ModuleType) -> list[tuple[Any, str]]:
     """A whole module's references: its public functions and classes (its __all__, or, for a
     package without one, what it and its submodules define), and its plain collectives."""
-    inside = [m for key, m in list(sys.modules.items())
-              if m is not None and key.startswith(module.__name__ + ".")]
+    inside = [m for m in _library_modules() if m.__name__.startswith(module.__name__ + ".")]
     names = getattr(module, "__all__", None)
     if names is None:
         names = [n for n, v in vars(module).items() if not n.startswith("_") and (
