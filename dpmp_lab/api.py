@@ -36,8 +36,7 @@ def prepare() -> None:
     first line (dpmp_lab.load calls it)."""
     provide_new_collective_names()     # torch 2.13's all_gather_single etc. on older torch too
     integrity.remember()               # what a rank's trace relies on, to tell if a rank changed it
-    references.read_library()          # where the references are bound: the forkserver reads it
-                                       # once for every rank it forks (dl.check.references_off)
+    references.read_library()          # where references_off finds them: read once for every rank
     starting.warm_up_if_interactive()  # in a kernel: the forkserver starts now, not at the 1st launch
     if ipython_shell() is not None:    # and what the imports made leaves gc's sight, as in the
         freeze_startup()               # forkserver: dl.footprint walks only the learner's objects
