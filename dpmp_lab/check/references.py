@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import itertools
 import sys
 import types
 from collections.abc import Callable, Iterator
@@ -138,22 +139,37 @@ class _Holders:
                 self.by_library.setdefault(id(v), []).append((module, n))
 
 
-# The library's modules and what they hold, read again only when a module was imported or one
-# of them bound a name more or less, or while a switch is on (references_off runs in every rank
-# of a graded launch, several times: reading them each time was most of a rank's own work). A
-# binding read here that is no longer there is dropped by _bindings, which looks again.
-_modules_seen: tuple[int, list[types.ModuleType]] = (-1, [])
+# The library's modules and what they hold, read again only when a library module was imported
+# or one of them bound a name more or less, or while a switch is on (references_off runs in every
+# rank of a graded launch, several times: reading them each time was most of a rank's own work).
+# A binding read here that is no longer there is dropped by _bindings, which looks again.
+_modules_seen: tuple[int, list[types.ModuleType]] = (0, [])
 _holders_seen: tuple[tuple[int, ...], _Holders] | None = None
+_SLACK = 64   # entries read back past the new ones, for modules removed from sys.modules meanwhile
+
+
+def _is_library(key: str, module: Any) -> bool:
+    return module is not None and (key == "dpmp_lab" or key.startswith("dpmp_lab."))
 
 
 def _library_modules() -> list[types.ModuleType]:
-    """dpmp_lab and its submodules imported in this process."""
+    """dpmp_lab and its submodules imported in this process. sys.modules keeps the order its
+    entries came in: after imports, only the newest are read (a rank forked from the forkserver
+    imports a few modules of its own; reading every entry again touches thousands of objects
+    the fork shares, each a page copied)."""
     global _modules_seen
-    if _modules_seen[0] != len(sys.modules):
-        found = [m for k, m in list(sys.modules.items())
-                 if m is not None and (k == "dpmp_lab" or k.startswith("dpmp_lab."))]
-        _modules_seen = (len(sys.modules), found)
-    return _modules_seen[1]
+    seen, found = _modules_seen
+    now = len(sys.modules)
+    if now == seen:
+        return found
+    if now < seen or not found:
+        found = [m for k, m in list(sys.modules.items()) if _is_library(k, m)]
+    else:
+        newest = itertools.islice(reversed(sys.modules.items()), now - seen + _SLACK)
+        known = {id(m) for m in found}
+        found = found + [m for k, m in newest if _is_library(k, m) and id(m) not in known][::-1]
+    _modules_seen = (now, found)
+    return found
 
 
 def read_library() -> None:
@@ -167,7 +183,7 @@ def _holders() -> _Holders:
     modules = _library_modules()
     if _ACTIVE:   # switches on: their stand-ins are bound where the references were
         return _Holders(modules)
-    key = (len(sys.modules), *(len(vars(m)) for m in modules))
+    key = (len(modules), *(len(vars(m)) for m in modules))
     if _holders_seen is None or _holders_seen[0] != key:
         _holders_seen = (key, _Holders(modules))
     return _holders_seen[1]

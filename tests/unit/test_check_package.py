@@ -5,6 +5,7 @@ the check submodules guarded like the package."""
 from __future__ import annotations
 
 import sys
+import types
 
 import pytest
 import torch
@@ -129,6 +130,23 @@ def test_a_reference_is_off_in_every_library_module_that_holds_it(target, name):
             getattr(owner, name or target)()
         integrity.verify()
     assert holders(original) == before
+
+
+def test_a_library_module_imported_after_a_switch_is_read_too(monkeypatch):
+    """The library's bindings are read once and kept: a module of the library imported after
+    that (a rank imports a few of its own) is read as well, and one binding a name more."""
+    original = dl.tp.copy_to_tp_region
+    with dl.check.references_off("dl.tp.copy_to_tp_region"):
+        pass
+    late = types.ModuleType("dpmp_lab._imported_late")
+    late.region = original
+    monkeypatch.setitem(sys.modules, late.__name__, late)
+    with dl.check.references_off("dl.tp.copy_to_tp_region"):
+        assert late.region is not original
+    monkeypatch.setattr(dl.models, "region_too", original, raising=False)
+    with dl.check.references_off("dl.tp.copy_to_tp_region"):
+        assert late.region is not original and dl.models.region_too is not original
+    assert late.region is original and dl.models.region_too is original
 
 
 def test_the_graders_own_references_stay_on():
