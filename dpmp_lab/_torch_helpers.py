@@ -7,6 +7,8 @@ nothing from dpmp_lab but `_()`, which says its messages in the learner's langua
 from __future__ import annotations
 
 import gc
+import itertools
+import operator
 from collections.abc import Iterator
 from typing import Any
 
@@ -37,13 +39,17 @@ def freeze_startup() -> bool:
 _SINCE_STARTUP: list = []
 
 
-def collect_every_object() -> None:
-    """gc.collect(), with every object made since the startup freeze in gc's sight again: a
-    gc.freeze() of the learner's own would otherwise hide the tensors it made from
-    dl.footprint's walks (they would then see everything again, only slower)."""
-    if not any(o is _SINCE_STARTUP for o in gc.get_objects()):
-        gc.unfreeze()
+def every_object() -> list[Any]:
+    """gc.collect(), then every object gc tracks, those made since the startup freeze among
+    them: a gc.freeze() of the learner's own would otherwise hide the tensors it made from
+    dl.footprint's walks (they then see everything again, only slower)."""
     gc.collect()
+    objects = gc.get_objects()
+    if not any(map(operator.is_, objects, itertools.repeat(_SINCE_STARTUP))):
+        gc.unfreeze()
+        gc.collect()
+        objects = gc.get_objects()
+    return objects
 
 
 def tensors_in(value: Any, *, levels: int | None = None,

@@ -29,7 +29,6 @@ it runs, gloo's finished collectives keep their tensors for a while, so it count
 from __future__ import annotations
 
 import contextlib
-import gc
 import html
 import time
 from collections.abc import Iterator
@@ -42,7 +41,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from dpmp_lab._torch_helpers import collect_every_object
+from dpmp_lab._torch_helpers import every_object
 from dpmp_lab.context import device
 from dpmp_lab.i18n.messages import _
 from dpmp_lab.render import PALETTE, Picture, Table, human_bytes, svg_start
@@ -297,7 +296,6 @@ def _storages(on: torch.device) -> dict[int, tuple[int, StorageWeakRef]]:
     """{data pointer: (bytes, weak reference)} of every storage on device `on` behind a tensor
     that Python can reach (gc finds every tensor object: in a global, an attribute, a closure,
     a container, a handle) or that autograd saved for backward in a graph those reach."""
-    collect_every_object()   # a tensor only a cycle keeps is garbage on its way out, not held
     found: dict[int, tuple[int, StorageWeakRef]] = {}
     nodes, seen = [], set()
 
@@ -313,7 +311,7 @@ def _storages(on: torch.device) -> dict[int, tuple[int, StorageWeakRef]]:
         if t.grad_fn is not None:
             nodes.append(t.grad_fn)
 
-    for obj in gc.get_objects():
+    for obj in every_object():   # after a collection: a tensor only a cycle keeps is not held
         if issubclass(type(obj), torch.Tensor):
             add(obj)
             if obj.is_leaf or obj.retains_grad:   # a non-leaf's .grad warns and is None
