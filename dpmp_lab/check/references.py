@@ -173,8 +173,8 @@ def _library_modules() -> list[types.ModuleType]:
 
 
 def read_library() -> None:
-    """Read what the library's modules hold now (the forkserver does after its preload, so that
-    every rank forked from it starts with that read)."""
+    """Read what the library's modules hold now: every process that loads the API does
+    (dpmp_lab.load), and every rank forked from the forkserver starts with the server's read."""
     _holders()
 
 
