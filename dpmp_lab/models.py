@@ -34,8 +34,8 @@ def seeded(seed: int) -> Iterator[None]:
         if torch.cuda.is_available():
             torch.manual_seed(seed)
         else:   # the CPU's generator is all there is; torch.manual_seed would also queue a
-            # seed for each device this build knows, formatting the stack for each (a tenth
-            # of a graded rank's own work)
+            # seed for each device this build knows, formatting the stack for each (7 % of a
+            # graded rank's own work in 04)
             torch.default_generator.manual_seed(seed)
         yield
 

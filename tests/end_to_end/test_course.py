@@ -473,7 +473,7 @@ def _literal_dict_keys(name: str) -> dict[str, frozenset[str]]:
 @functools.cache
 def stood_in(name: str) -> dict[int, frozenset[str]]:
     """STOOD_IN as cells_to_rerun takes it: {cell index: the names stood in there}."""
-    ids = [c.metadata.get("nbgrader", {}).get("grade_id") for c in source_notebook(name).cells]
+    ids = grade_ids(name)
     found = _literal_dict_keys(name)
     return {ids.index(cell): found[dict_name]
             for cell, dict_name in STOOD_IN.get(name, {}).items()}
@@ -557,9 +557,9 @@ def _cells_skipped(name: str, variant: dict, stand_ins: bool = True) -> int:
 
 @functools.cache
 def _skipped(name: str, replace: tuple[tuple[str, str], ...], stand_ins: bool) -> int:
-    variant = {"replace": dict(replace)}
-    sources = _code_sources(with_replacements(source_notebook(name), variant["replace"]))
-    changed = changed_cells(name, variant)
+    replacing = dict(replace)
+    sources = _code_sources(with_replacements(source_notebook(name), replacing))
+    changed = changed_cells(name, {"replace": replacing})
     after = [i for i, src in enumerate(sources) if src is not None and i >= min(changed)]
     return len(after) - len(cells_to_rerun(sources, changed,
                                            swaps=NAMESPACE_SWAPS.get(name, frozenset()),
