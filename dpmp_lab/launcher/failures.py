@@ -408,10 +408,14 @@ def unguarded_launch(failures: dict[int, RankFailure], *, output: list[str]) -> 
 # -- where a rank stood ------------------------------------------------------------------------
 
 
-def where_stuck(dump: str, main_thread: int | None, failure: RankFailure | None) -> str:
-    """The stack of a rank stopped on a hang: from its dump, or, when its process-group timeout
-    fired while the launcher asked, from the traceback it reported."""
+def where_stuck(dump: str, main_thread: int | None, failure: RankFailure | None,
+                output: str = "") -> str:
+    """The stack of a rank stopped on a hang: from its dump; when a fatal signal ended the rank
+    while it wrote the dump, from the one faulthandler printed into its output; when its
+    process-group timeout fired while the launcher asked, from the traceback it reported."""
     stack = stack_from_dump(dump, main_thread)
+    if not stack and "Fatal Python error:" in output:
+        stack = stack_from_dump(output.rpartition("Fatal Python error:")[2], main_thread)
     if not stack and failure is not None:
         stack = failure.traceback
     return stack

@@ -58,10 +58,14 @@ def dump_complete(dump: str, main_thread: int | None) -> bool:
 
 
 def _main_frames(dump: str, main_thread: int | None) -> list[re.Match]:
-    """The main thread's frames, most recent call first; the first thread's when the dump has
-    no block of the main thread."""
+    """The main thread's frames, most recent call first; the first thread's when the main
+    thread is not known. A dump cut short before the main thread's block (a rank that died
+    while faulthandler wrote it) gives none: another thread's stack is not where the rank
+    stood."""
     blocks = _thread_blocks(dump)
-    return blocks.get(main_thread) or next(iter(blocks.values()), [])
+    if main_thread is not None:
+        return blocks.get(main_thread, [])
+    return next(iter(blocks.values()), [])
 
 
 def _thread_blocks(dump: str) -> dict[int | None, list[re.Match]]:

@@ -183,9 +183,13 @@ class Supervisor:
                 self.stuck = [r for r in self.ranks if not r.finished]
                 for r in self.stuck:
                     signal_rank(r.proc, signal.SIGUSR1)
+                # faulthandler walks every thread's frames from a signal handler: a thread
+                # running Python meanwhile (the one writing the flight record) can crash the
+                # rank, so the record is asked for once the stacks are written
+                self._pump_until(lambda: all(self._knows_where(r) for r in self.stuck),
+                                 DUMP_WAIT_S)
                 self._ask_records()
-                self._pump_until(lambda: all(self._knows_where(r) for r in self.stuck)
-                                 and self._records_written(), DUMP_WAIT_S)
+                self._pump_until(self._records_written, DUMP_WAIT_S)
         self._kill_all()
         self._pump_until(lambda: not self._open_streams(), DRAIN_S)
         self._flush_partial_lines()
@@ -355,7 +359,7 @@ class Supervisor:
 
     def _where_stuck(self, rank: Rank) -> str:
         return failures.where_stuck("".join(rank.dumps), rank.main_thread,
-                                    self.failures.get(rank.rank))
+                                    self.failures.get(rank.rank), rank.output)
 
 
 def notebook_sources() -> dict[str, tuple]:

@@ -636,10 +636,18 @@ WATCHDOG_LINE = (  # nccl's, as torch 2.11 wrote it on an H200 (tools/nccl_check
     "Timeout(ms)=3000) ran for 3096 milliseconds before timing out.")
 
 
+def _watchdog_line():
+    time.sleep(0.5)
+    os.write(2, (WATCHDOG_LINE + "\n").encode())
+    time.sleep(60)
+
+
 def watchdog_fires_in_rank_0():
     dist.all_reduce(torch.ones(4))
-    if dist.get_rank() == 0:   # what nccl's watchdog thread prints while the rank waits on
-        threading.Timer(0.5, os.write, (2, (WATCHDOG_LINE + "\n").encode())).start()
+    if dist.get_rank() == 0:   # what nccl's watchdog thread prints while the rank waits on;
+        # like nccl's, the thread lives on: one that ends while faulthandler walks the threads
+        # for the launcher can crash the rank (seen once in CI)
+        threading.Thread(target=_watchdog_line, daemon=True).start()
         dist.all_reduce(torch.ones(4))
     else:
         time.sleep(60)
