@@ -203,11 +203,17 @@ def death(rank: int, exitcode: int | None, output: str, main_thread: int | None,
         failure = RankFailure(rank, Reason.SIGNAL, exitcode=exitcode, signal=sig)
     else:
         failure = RankFailure(rank, Reason.EXIT, exitcode=exitcode)
-    # faulthandler printed the stack of a fatal signal into stderr: lift it out.
-    before, _, dump = output.partition("Fatal Python error:")
+    before, dump = _fatal_error_dump(output)
     failure.traceback = stack_from_dump(dump, main_thread)
     failure.output_tail = tail(before if failure.traceback else output)
     return failure
+
+
+def _fatal_error_dump(output: str) -> tuple[str, str]:
+    """(what came before, the dump) of a rank's output: faulthandler prints the threads' stacks
+    of a fatal signal into stderr after a "Fatal Python error:" line; (output, "") without one."""
+    before, _, dump = output.partition("Fatal Python error:")
+    return before, dump
 
 
 def still_running(rank: int, *, stack: str, output: str, timeout: float) -> RankFailure:
@@ -414,8 +420,8 @@ def where_stuck(dump: str, main_thread: int | None, failure: RankFailure | None,
     while it wrote the dump, from the one faulthandler printed into its output; when its
     process-group timeout fired while the launcher asked, from the traceback it reported."""
     stack = stack_from_dump(dump, main_thread)
-    if not stack and "Fatal Python error:" in output:
-        stack = stack_from_dump(output.rpartition("Fatal Python error:")[2], main_thread)
+    if not stack:
+        stack = stack_from_dump(_fatal_error_dump(output)[1], main_thread)
     if not stack and failure is not None:
         stack = failure.traceback
     return stack

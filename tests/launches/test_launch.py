@@ -645,8 +645,8 @@ def _watchdog_line():
 def watchdog_fires_in_rank_0():
     dist.all_reduce(torch.ones(4))
     if dist.get_rank() == 0:   # what nccl's watchdog thread prints while the rank waits on;
-        # like nccl's, the thread lives on: one that ends while faulthandler walks the threads
-        # for the launcher can crash the rank (seen once in CI)
+        # like nccl's, the thread lives on after its line: a thread that ends while
+        # faulthandler walks the threads for the launcher can crash the rank
         threading.Thread(target=_watchdog_line, daemon=True).start()
         dist.all_reduce(torch.ones(4))
     else:

@@ -128,8 +128,8 @@ def test_where_stuck_prefers_the_dump_then_the_reported_traceback():
 
 def test_a_dump_cut_before_the_main_threads_block_shows_no_other_threads_stack():
     # faulthandler writes the newest thread first; a rank that died while writing it (a thread
-    # ending under the walk) leaves only that thread's block in the pipe, and its fatal-signal
-    # dump, main thread included, in its output
+    # running Python under the walk) leaves only that thread's block in the pipe, and its
+    # fatal-signal dump, main thread included, in its output
     cut = dump(IN_ALL_REDUCE).split("\n\n", 1)[0] + "\n"
     assert stack_from_dump(cut, MAIN_THREAD) == ""
     assert where_stuck(cut, MAIN_THREAD, None) == ""
